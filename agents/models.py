@@ -1,0 +1,135 @@
+from datetime import UTC, datetime
+
+from django.db import models
+from django.utils import timezone
+
+
+class Customer(models.Model):
+    """The demo's customer directory, read by `lookup_customer`."""
+
+    email = models.EmailField(unique=True)
+    name = models.CharField(max_length=200)
+    contact_id = models.CharField(max_length=64, unique=True)
+    plan = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["email"]
+
+    def __str__(self) -> str:
+        return f"{self.name} <{self.email}>"
+
+
+class OutboxEmail(models.Model):
+    """Every email `send_email` sent: a repeated side effect shows up here as a second row."""
+
+    run_id = models.UUIDField(null=True, blank=True, db_index=True)
+    call_id = models.CharField(max_length=128, blank=True)
+    to = models.CharField(max_length=320)
+    subject = models.CharField(max_length=500)
+    body = models.TextField()
+    sent_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-sent_at"]
+        verbose_name = "outbox email"
+
+    def __str__(self) -> str:
+        return f"to {self.to}: {self.subject}"
+
+
+class CrmNote(models.Model):
+    """Notes `update_crm` appended to a contact."""
+
+    run_id = models.UUIDField(null=True, blank=True, db_index=True)
+    call_id = models.CharField(max_length=128, blank=True)
+    contact_id = models.CharField(max_length=64, db_index=True)
+    note = models.TextField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "CRM note"
+
+    def __str__(self) -> str:
+        return f"{self.contact_id}: {self.note[:60]}"
+
+
+class NaiveUTCDateTimeField(models.DateTimeField):
+    """ADK stores naive UTC timestamps; present them as aware datetimes to Django."""
+
+    def from_db_value(self, value, expression, connection):
+        if isinstance(value, str):
+            value = datetime.fromisoformat(value)
+        if value is not None and timezone.is_naive(value):
+            value = value.replace(tzinfo=UTC)
+        return value
+
+    def get_db_prep_value(self, value, connection, prepared=False):
+        if isinstance(value, datetime) and timezone.is_aware(value):
+            value = value.astimezone(UTC).replace(tzinfo=None)
+        return super().get_db_prep_value(value, connection, prepared)
+
+
+class AdkSession(models.Model):
+    """ADK's `sessions` table, read-only. ADK owns the table and its schema.
+
+    ADK's key is (app_name, user_id, id); Agent Ledger always creates session ids as UUIDs,
+    so `id` alone identifies a row for Django's purposes.
+    """
+
+    id = models.CharField(max_length=128, primary_key=True)
+    app_name = models.CharField(max_length=128)
+    user_id = models.CharField(max_length=128)
+    state = models.JSONField(default=dict)
+    create_time = NaiveUTCDateTimeField()
+    update_time = NaiveUTCDateTimeField()
+
+    class Meta:
+        managed = False
+        db_table = "sessions"
+        verbose_name = "ADK session"
+        ordering = ["-update_time"]
+
+    def __str__(self) -> str:
+        return f"{self.app_name}/{self.user_id}/{self.id}"
+
+
+class AdkEvent(models.Model):
+    """ADK's `events` table, read-only: the session history as ADK wrote it."""
+
+    id = models.CharField(max_length=128, primary_key=True)
+    app_name = models.CharField(max_length=128)
+    user_id = models.CharField(max_length=128)
+    session_id = models.CharField(max_length=128)
+    invocation_id = models.CharField(max_length=256)
+    timestamp = NaiveUTCDateTimeField()
+    event_data = models.JSONField(null=True)
+
+    class Meta:
+        managed = False
+        db_table = "events"
+        verbose_name = "ADK event"
+        ordering = ["timestamp"]
+
+    def __str__(self) -> str:
+        return f"{self.author} @ {self.timestamp:%Y-%m-%d %H:%M:%S}"
+
+    @property
+    def data(self) -> dict:
+        return self.event_data or {}
+
+    @property
+    def author(self) -> str:
+        return self.data.get("author", "")
+
+    @property
+    def parts(self) -> list[dict]:
+        return (self.data.get("content") or {}).get("parts") or []
+
+    @property
+    def function_calls(self) -> list[dict]:
+        return [p["function_call"] for p in self.parts if p.get("function_call")]
+
+    @property
+    def function_responses(self) -> list[dict]:
+        return [p["function_response"] for p in self.parts if p.get("function_response")]

@@ -1,0 +1,106 @@
+"""The agents Agent Ledger can run, by name.
+
+An agent is built fresh for every run: the scripted model carries that run's script and its
+position in it, and nothing leaks from one run into the next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from google.adk.agents import LlmAgent
+
+from agents import tools
+from agents.scripted import ScriptedLlm, validate_script
+
+
+class UnknownAgentError(LookupError):
+    def __init__(self, name: str):
+        self.name = name
+        known = ", ".join(sorted(AGENTS)) or "none"
+        super().__init__(f"There is no agent named {name!r}. Registered agents: {known}.")
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    name: str
+    description: str
+    instruction: str
+    tools: tuple[Callable[..., Any], ...]
+    default_script: tuple[Any, ...]
+    # Callbacks other parts of the system add to every agent (e.g. the memory diet).
+    before_model_callbacks: tuple[Callable[..., Any], ...] = field(default=())
+
+    @property
+    def tool_names(self) -> list[str]:
+        return [tool.__name__ for tool in self.tools]
+
+
+SUPPORT = AgentSpec(
+    name="support",
+    description="Answers a customer: looks them up, emails them and logs a CRM note.",
+    instruction=(
+        "You are a customer support agent. Look the customer up before acting, answer by "
+        "email with send_email, record what you did with update_crm, then summarise in one "
+        "sentence. Never send the same email twice."
+    ),
+    tools=(tools.lookup_customer, tools.send_email, tools.update_crm),
+    default_script=(
+        {"call": "lookup_customer", "args": {"email": "jane@example.com"}},
+        {
+            "call": "send_email",
+            "args": {
+                "to": "jane@example.com",
+                "subject": "Your refund",
+                "body": "Hello Jane, your refund has been issued and will arrive in 3-5 days.",
+            },
+        },
+        {"call": "update_crm", "args": {"contact_id": "C-1001", "note": "Refund confirmed by email."}},
+        {"say": "I looked Jane up, emailed her about her refund and noted it in the CRM."},
+    ),
+)
+
+AGENTS: dict[str, AgentSpec] = {SUPPORT.name: SUPPORT}
+
+
+def get_agent_spec(name: str) -> AgentSpec:
+    try:
+        return AGENTS[name]
+    except KeyError:
+        raise UnknownAgentError(name) from None
+
+
+def uses_scripted_model() -> bool:
+    return settings.AGENT_MODEL == "scripted"
+
+
+def validate_params(spec: AgentSpec, params: dict) -> None:
+    """Raise ScriptError (a ValueError) if the run's parameters cannot be played."""
+    if uses_scripted_model() and "script" in params:
+        validate_script(
+            params["script"],
+            tool_names=spec.tool_names,
+            faults_enabled=settings.SCRIPTED_FAULTS_ENABLED,
+        )
+
+
+def build_model(spec: AgentSpec, params: dict) -> Any:
+    if uses_scripted_model():
+        script = params.get("script") or list(spec.default_script)
+        return ScriptedLlm(script=script)
+    # With GOOGLE_API_KEY set, ADK resolves a Gemini model name itself; scripts are ignored.
+    return settings.AGENT_MODEL
+
+
+def build_agent(spec: AgentSpec, *, params: dict) -> LlmAgent:
+    return LlmAgent(
+        name=spec.name,
+        description=spec.description,
+        model=build_model(spec, params),
+        instruction=spec.instruction,
+        tools=list(spec.tools),
+        before_model_callback=list(spec.before_model_callbacks) or None,
+    )

@@ -1,0 +1,208 @@
+"""The offline `scripted` model: a real ADK BaseLlm that plays a script, one step per call.
+
+Steps (see the README for the whole format):
+  {"call": "send_email", "args": {...}}        answer with that function call
+  [{"call": ...}, {"call": ...}]               parallel calls in one turn
+  {"say": "text"}                              final text
+  {"fail": "rate_limit"}                       the 429 Gemini raises (ClientError, code 429)
+  {"fail": "error", "message": "..."}          an error with that message
+  {"empty": true}                              an empty turn
+
+A call step may carry a fault for its tool: "tool_fails": "message", "crash": "before_effect" |
+"after_effect", "hang": seconds. Faults are handed to the tool through `agents.faults`, keyed
+by the function call id, so the failure happens for real inside the tool.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncGenerator, Callable, Iterable
+from typing import Any
+
+from google.adk.models.base_llm import BaseLlm
+from google.adk.models.llm_request import LlmRequest
+from google.adk.models.llm_response import LlmResponse
+from google.genai import errors as genai_errors
+from google.genai import types
+from pydantic import PrivateAttr
+
+from agents import faults
+
+SCRIPT_EXHAUSTED_TEXT = "I have nothing more to add."
+FAULT_KEYS = {"tool_fails", "crash", "hang"}
+CALL_KEYS = {"call", "args", "id"} | FAULT_KEYS
+CRASH_POINTS = {"before_effect", "after_effect"}
+MAX_SCRIPT_STEPS = 500
+
+
+class ScriptError(ValueError):
+    """A script that cannot be played; the message names the step and the problem."""
+
+
+class ScriptedModelError(RuntimeError):
+    """The error a `{"fail": "error"}` step raises."""
+
+
+def rate_limit_error(retry_delay_seconds: float | None = None) -> genai_errors.ClientError:
+    """The same exception google-genai raises for an HTTP 429 from Gemini."""
+    error: dict[str, Any] = {
+        "code": 429,
+        "message": "Resource has been exhausted (e.g. check quota).",
+        "status": "RESOURCE_EXHAUSTED",
+    }
+    if retry_delay_seconds is not None:
+        error["details"] = [
+            {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": f"{retry_delay_seconds}s"}
+        ]
+    return genai_errors.ClientError(429, {"error": error})
+
+
+def _validate_call(step: Any, where: str, tool_names: Iterable[str] | None, faults_enabled: bool) -> None:
+    if not isinstance(step, dict):
+        raise ScriptError(f"{where}: a parallel call list may only hold call steps.")
+    unknown = set(step) - CALL_KEYS
+    if unknown:
+        raise ScriptError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} in a call step.")
+    name = step.get("call")
+    if not isinstance(name, str) or not name:
+        raise ScriptError(f"{where}: \"call\" must be a tool name.")
+    if tool_names is not None and name not in set(tool_names):
+        raise ScriptError(
+            f"{where}: the agent has no tool named {name!r} (it has {', '.join(sorted(tool_names))})."
+        )
+    if not isinstance(step.get("args", {}), dict):
+        raise ScriptError(f"{where}: \"args\" must be an object.")
+    if "id" in step and (not isinstance(step["id"], str) or not step["id"]):
+        raise ScriptError(f"{where}: \"id\" must be a non-empty string.")
+    present_faults = FAULT_KEYS & set(step)
+    if present_faults and not faults_enabled:
+        raise ScriptError(
+            f"{where}: tool faults ({', '.join(sorted(present_faults))}) are disabled here; "
+            "set SCRIPTED_FAULTS_ENABLED=true to use them."
+        )
+    if "tool_fails" in step and not isinstance(step["tool_fails"], str):
+        raise ScriptError(f"{where}: \"tool_fails\" must be the error message, a string.")
+    if "crash" in step and step["crash"] not in CRASH_POINTS:
+        raise ScriptError(f"{where}: \"crash\" must be \"before_effect\" or \"after_effect\".")
+    if "hang" in step:
+        hang = step["hang"]
+        if isinstance(hang, bool) or not isinstance(hang, int | float) or hang <= 0:
+            raise ScriptError(f"{where}: \"hang\" must be a positive number of seconds.")
+
+
+def validate_script(
+    script: Any, *, tool_names: Iterable[str] | None = None, faults_enabled: bool = True
+) -> list:
+    """Check a script and return it; raise ScriptError naming the first bad step."""
+    if not isinstance(script, list):
+        raise ScriptError("The script must be a list of steps.")
+    if not script:
+        raise ScriptError("The script is empty: give at least one step.")
+    if len(script) > MAX_SCRIPT_STEPS:
+        raise ScriptError(f"The script has {len(script)} steps; at most {MAX_SCRIPT_STEPS} are allowed.")
+    for index, step in enumerate(script, start=1):
+        where = f"Step {index}"
+        if isinstance(step, list):
+            if not step:
+                raise ScriptError(f"{where}: a parallel call list cannot be empty.")
+            for call in step:
+                _validate_call(call, where, tool_names, faults_enabled)
+            continue
+        if not isinstance(step, dict):
+            raise ScriptError(f"{where}: a step must be an object or a list of call objects.")
+        if "call" in step:
+            _validate_call(step, where, tool_names, faults_enabled)
+        elif "say" in step:
+            if set(step) != {"say"} or not isinstance(step["say"], str):
+                raise ScriptError(f"{where}: a say step is {{\"say\": \"text\"}}.")
+        elif "fail" in step:
+            if step["fail"] == "rate_limit":
+                if set(step) - {"fail", "retry_delay"}:
+                    raise ScriptError(f"{where}: a rate-limit step is {{\"fail\": \"rate_limit\"}}.")
+            elif step["fail"] == "error":
+                if set(step) - {"fail", "message"} or not isinstance(step.get("message", ""), str):
+                    raise ScriptError(
+                        f"{where}: an error step is {{\"fail\": \"error\", \"message\": \"...\"}}."
+                    )
+            else:
+                raise ScriptError(f"{where}: \"fail\" must be \"rate_limit\" or \"error\".")
+        elif "empty" in step:
+            if step != {"empty": True}:
+                raise ScriptError(f"{where}: an empty-turn step is {{\"empty\": true}}.")
+        else:
+            raise ScriptError(f"{where}: expected one of call, say, fail or empty.")
+    return script
+
+
+def _usage(llm_request: LlmRequest) -> types.GenerateContentResponseUsageMetadata:
+    # Rough token counts (four characters a token) so usage telemetry has something honest.
+    prompt_chars = sum(len(part.text or "") for content in llm_request.contents for part in content.parts or [])
+    return types.GenerateContentResponseUsageMetadata(prompt_token_count=prompt_chars // 4, candidates_token_count=0)
+
+
+# Observers see every request the scripted model receives: tests and benchmarks use them to
+# assert on what the model was actually sent (memory, stripped payloads).
+request_observers: list[Callable[[LlmRequest], None]] = []
+
+
+class ScriptedLlm(BaseLlm):
+    model: str = "scripted"
+    script: list = []
+    _cursor: int = PrivateAttr(default=0)
+
+    @classmethod
+    def supported_models(cls) -> list[str]:
+        return [r"scripted"]
+
+    @property
+    def calls_made(self) -> int:
+        return self._cursor
+
+    def _next_step(self) -> Any:
+        if self._cursor >= len(self.script):
+            self._cursor += 1
+            return {"say": SCRIPT_EXHAUSTED_TEXT}
+        step = self.script[self._cursor]
+        self._cursor += 1
+        return step
+
+    @staticmethod
+    def _call_part(step: dict) -> types.Part:
+        call_id = step.get("id") or f"call-{uuid.uuid4().hex[:12]}"
+        fault = {key: step[key] for key in FAULT_KEYS if key in step}
+        if fault:
+            faults.arm(call_id, fault)
+        return types.Part(
+            function_call=types.FunctionCall(id=call_id, name=step["call"], args=dict(step.get("args") or {}))
+        )
+
+    async def generate_content_async(
+        self, llm_request: LlmRequest, stream: bool = False
+    ) -> AsyncGenerator[LlmResponse, None]:
+        for observer in list(request_observers):
+            observer(llm_request)
+        step = self._next_step()
+        if isinstance(step, list):
+            parts = [self._call_part(call) for call in step]
+        elif "call" in step:
+            parts = [self._call_part(step)]
+        elif "say" in step:
+            parts = [types.Part(text=step["say"])]
+        elif step.get("fail") == "rate_limit":
+            raise rate_limit_error(step.get("retry_delay"))
+        elif step.get("fail") == "error":
+            raise ScriptedModelError(step.get("message") or "The scripted model failed.")
+        elif step.get("empty"):
+            yield LlmResponse(
+                content=types.Content(role="model", parts=[]),
+                finish_reason=types.FinishReason.STOP,
+                usage_metadata=_usage(llm_request),
+            )
+            return
+        else:  # validate_script makes this unreachable for stored scripts
+            raise ScriptError(f"Unplayable step: {step!r}")
+        yield LlmResponse(
+            content=types.Content(role="model", parts=parts),
+            finish_reason=types.FinishReason.STOP,
+            usage_metadata=_usage(llm_request),
+        )

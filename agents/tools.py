@@ -1,0 +1,84 @@
+"""The `support` agent's tools. Each has a real, visible effect (or, for the lookup, none)."""
+
+from __future__ import annotations
+
+import uuid
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.mail import send_mail
+from google.adk.tools import ToolContext
+
+from agents import faults
+from agents.models import CrmNote, Customer, OutboxEmail
+
+
+def _run_id(tool_context: ToolContext) -> uuid.UUID | None:
+    run_id = (tool_context.custom_metadata or {}).get("run_id")
+    try:
+        return uuid.UUID(str(run_id)) if run_id else None
+    except ValueError:
+        return None
+
+
+def _send(run_id: uuid.UUID | None, call_id: str, to: str, subject: str, body: str) -> OutboxEmail:
+    email = OutboxEmail.objects.create(run_id=run_id, call_id=call_id, to=to, subject=subject, body=body)
+    send_mail(subject, body, settings.DEFAULT_FROM_EMAIL, [to])
+    return email
+
+
+async def send_email(to: str, subject: str, body: str, tool_context: ToolContext) -> dict:
+    """Send an email to a customer.
+
+    Args:
+      to: The recipient's email address.
+      subject: The subject line.
+      body: The plain-text body.
+    """
+    fault = faults.take(tool_context.function_call_id)
+    await faults.before_effect(fault)
+    email = await sync_to_async(_send)(
+        _run_id(tool_context), tool_context.function_call_id or "", to, subject, body
+    )
+    await faults.after_effect(fault)
+    return {"status": "sent", "message_id": f"outbox-{email.pk}", "to": to}
+
+
+async def update_crm(contact_id: str, note: str, tool_context: ToolContext) -> dict:
+    """Append a note to a customer's CRM record.
+
+    Args:
+      contact_id: The CRM contact id, e.g. "C-1001".
+      note: The note to append.
+    """
+    fault = faults.take(tool_context.function_call_id)
+    await faults.before_effect(fault)
+    crm_note = await CrmNote.objects.acreate(
+        run_id=_run_id(tool_context),
+        call_id=tool_context.function_call_id or "",
+        contact_id=contact_id,
+        note=note,
+    )
+    await faults.after_effect(fault)
+    return {"status": "noted", "note_id": crm_note.pk, "contact_id": contact_id}
+
+
+async def lookup_customer(email: str, tool_context: ToolContext) -> dict:
+    """Look up a customer by email address. Reads only.
+
+    Args:
+      email: The customer's email address.
+    """
+    fault = faults.take(tool_context.function_call_id)
+    await faults.before_effect(fault)
+    customer = await Customer.objects.filter(email__iexact=email).afirst()
+    await faults.after_effect(fault)
+    if customer is None:
+        return {"found": False, "email": email}
+    return {
+        "found": True,
+        "email": customer.email,
+        "name": customer.name,
+        "contact_id": customer.contact_id,
+        "plan": customer.plan,
+    }

@@ -1,0 +1,250 @@
+"""Agent Ledger settings: one module, every value read from the environment.
+
+The README lists each variable with its default. A bad value raises ImproperlyConfigured
+naming the variable, so start-up stops instead of running with a guess.
+"""
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from config.env import env_bool, env_float, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("VAR_DIR", str(BASE_DIR / "var")))
+
+DEBUG = env_bool("DEBUG", False)
+
+
+def _secret_key() -> str:
+    """SECRET_KEY from the environment, else one generated once and kept under VAR_DIR.
+
+    An embedded install then works out of the box without every restart invalidating
+    sessions, and a deployment that sets SECRET_KEY keeps full control.
+    """
+    configured = env_str("SECRET_KEY", "")
+    if configured:
+        return configured
+    key_file = VAR_DIR / "secret_key"
+    try:
+        return key_file.read_text().strip()
+    except FileNotFoundError:
+        pass
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(50)
+    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(key)
+    return key
+
+
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "django_q",
+    "runs",
+    "agents",
+    "memory",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
+WSGI_APPLICATION = "config.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------------------
+
+SQLITE_BUSY_TIMEOUT_MS = env_int("SQLITE_BUSY_TIMEOUT_MS", 30_000, minimum=0)
+_default_database_url = f"sqlite:///{BASE_DIR / 'db.sqlite3'}"
+DATABASE_URL = env_str("DATABASE_URL", _default_database_url)
+try:
+    _database = dj_database_url.parse(DATABASE_URL, conn_max_age=0, conn_health_checks=True)
+except Exception as exc:  # dj-database-url raises several types for a bad URL
+    raise ImproperlyConfigured(f"DATABASE_URL={DATABASE_URL!r} is not a usable database URL: {exc}") from None
+
+if _database["ENGINE"] == "django.db.backends.sqlite3":
+    if not _database.get("NAME") or _database["NAME"] == ":memory:":
+        raise ImproperlyConfigured(
+            "DATABASE_URL must name a SQLite file: the web server, the worker and ADK's own "
+            "engine share it, which an in-memory database cannot do."
+        )
+    _database["OPTIONS"] = {
+        # WAL lets readers proceed while the worker writes; IMMEDIATE takes the write lock at
+        # BEGIN so read-then-write services serialise instead of failing with "database is locked".
+        "init_command": (
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; "
+            f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS};"
+        ),
+        "transaction_mode": "IMMEDIATE",
+        "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
+    }
+    # A file, not memory: ADK's engine and child processes must reach the test database too.
+    _database["TEST"] = {"NAME": str(BASE_DIR / ".test-db.sqlite3")}
+elif _database["ENGINE"] == "django.db.backends.postgresql":
+    pass
+else:
+    raise ImproperlyConfigured(
+        f"DATABASE_URL={DATABASE_URL!r}: Agent Ledger runs on SQLite or PostgreSQL only."
+    )
+
+DATABASES = {"default": _database}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# ADK's DatabaseSessionService keeps its own SQLAlchemy pool on the same database.
+ADK_DB_POOL_SIZE = env_int("ADK_DB_POOL_SIZE", 3, minimum=1)
+ADK_DB_MAX_OVERFLOW = env_int("ADK_DB_MAX_OVERFLOW", 2, minimum=0)
+ADK_DB_POOL_RECYCLE_SECONDS = env_int("ADK_DB_POOL_RECYCLE_SECONDS", 300, minimum=1)
+
+CACHES = {
+    # django-q2 writes cluster stats every half second: keep that off the database.
+    "default": {
+        "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+        "LOCATION": str(VAR_DIR / "cache"),
+    }
+}
+
+# --- Auth, i18n, static ------------------------------------------------------------------------
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = env_str("TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+# Served by WhiteNoise straight from the apps, so no collectstatic step is needed to run.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "support@agent-ledger.local")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {
+        # ADK logs a full traceback for every failed run; the run row already records the
+        # failure in words, so the worker's log stays readable by default.
+        "google_adk": {"level": env_str("ADK_LOG_LEVEL", "CRITICAL")},
+        "google_genai": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},
+    },
+}
+
+# --- Runs ---------------------------------------------------------------------------------------
+
+RUN_INPUTS_DIR = Path(env_str("RUN_INPUTS_DIR", str(VAR_DIR / "run-inputs")))
+MAX_UPLOAD_BYTES = env_int("MAX_UPLOAD_BYTES", 25 * 1024 * 1024, minimum=1)
+MAX_MESSAGE_CHARS = env_int("MAX_MESSAGE_CHARS", 100_000, minimum=1)
+RUN_HEARTBEAT_SECONDS = env_float("RUN_HEARTBEAT_SECONDS", 10.0, minimum=0.05)
+RUN_STALE_AFTER_SECONDS = env_int("RUN_STALE_AFTER_SECONDS", 60, minimum=1)
+RUN_MAX_SILENCE_HOURS = env_int("RUN_MAX_SILENCE_HOURS", 6, minimum=1)
+RUN_REQUEUE_AFTER_SECONDS = env_int("RUN_REQUEUE_AFTER_SECONDS", 300, minimum=1)
+RUN_TIMEOUT_SECONDS = env_int("RUN_TIMEOUT_SECONDS", 1800, minimum=1)
+EVENTS_RETENTION_DAYS = env_int("EVENTS_RETENTION_DAYS", 90, minimum=1)
+PURGE_BATCH_SIZE = env_int("PURGE_BATCH_SIZE", 5000, minimum=1)
+
+if RUN_STALE_AFTER_SECONDS <= RUN_HEARTBEAT_SECONDS * 2:
+    raise ImproperlyConfigured(
+        f"RUN_STALE_AFTER_SECONDS={RUN_STALE_AFTER_SECONDS} must be more than twice "
+        f"RUN_HEARTBEAT_SECONDS={RUN_HEARTBEAT_SECONDS}, or live runs would be reconciled."
+    )
+
+# --- Agents -------------------------------------------------------------------------------------
+
+GOOGLE_API_KEY = env_str("GOOGLE_API_KEY", "")
+AGENT_MODEL = env_str("AGENT_MODEL", "gemini-2.5-flash" if GOOGLE_API_KEY else "scripted")
+if AGENT_MODEL != "scripted" and not GOOGLE_API_KEY:
+    raise ImproperlyConfigured(
+        f"AGENT_MODEL={AGENT_MODEL!r} needs GOOGLE_API_KEY; unset AGENT_MODEL to use the offline "
+        "scripted model."
+    )
+SCRIPTED_FAULTS_ENABLED = env_bool("SCRIPTED_FAULTS_ENABLED", DEBUG)
+
+# --- Background jobs (django-q2 on the ORM broker) -----------------------------------------------
+
+Q_WORKERS = env_int("Q_WORKERS", 2, minimum=1)
+_task_timeout = RUN_TIMEOUT_SECONDS + 60
+Q_CLUSTER = {
+    "name": "agentledger",
+    "orm": "default",
+    "workers": Q_WORKERS,
+    # A worker that outlives `timeout` is killed; `retry` must exceed it or a long task is
+    # delivered twice while it still runs. Every task is idempotent regardless.
+    "timeout": _task_timeout,
+    "retry": _task_timeout + 120,
+    "max_attempts": 3,
+    "ack_failures": False,
+    "catch_up": False,
+    "save_limit": 1000,
+    "poll": env_float("Q_POLL_SECONDS", 0.5, minimum=0.05),
+    "sync": env_bool("Q_SYNC", False),
+    "label": "Background jobs",
+}
+
+# --- API ----------------------------------------------------------------------------------------
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Agent Ledger API",
+    "DESCRIPTION": "Durable ADK agent runs with safe replays.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}

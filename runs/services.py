@@ -1,0 +1,323 @@
+"""The run ledger's rules. Views, admin actions, commands and tasks all call these functions."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+import unicodedata
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO, Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import DatabaseError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from agents.models import AdkEvent
+from agents.registry import UnknownAgentError, get_agent_spec, validate_params
+from agents.scripted import ScriptError
+from runs import journal
+from runs.models import AgentRun, RunStatus, Trigger
+
+logger = logging.getLogger(__name__)
+
+MAX_PARAMS_BYTES = 256 * 1024
+MAX_OWNER_ID_CHARS = 128
+MAX_FILE_NAME_CHARS = 255
+_COPY_CHUNK = 1024 * 1024
+
+
+# --- Starting a run -------------------------------------------------------------------------------
+
+
+def _clean_owner_id(owner_id: Any) -> str:
+    if not isinstance(owner_id, str) or not owner_id.strip():
+        raise ValidationError({"owner_id": "owner_id is required: the end user this run acts for."})
+    owner_id = owner_id.strip()
+    if len(owner_id) > MAX_OWNER_ID_CHARS:
+        raise ValidationError({"owner_id": f"owner_id is longer than {MAX_OWNER_ID_CHARS} characters."})
+    if any(unicodedata.category(ch).startswith("C") for ch in owner_id):
+        raise ValidationError({"owner_id": "owner_id contains control characters."})
+    return owner_id
+
+
+def _clean_message(message: Any) -> str:
+    if not isinstance(message, str) or not message.strip():
+        raise ValidationError({"message": "The message is empty: say what the agent should do."})
+    if "\x00" in message:
+        raise ValidationError({"message": "The message contains a NUL character."})
+    if len(message) > settings.MAX_MESSAGE_CHARS:
+        raise ValidationError(
+            {"message": f"The message is {len(message)} characters long; the limit is {settings.MAX_MESSAGE_CHARS}."}
+        )
+    return message
+
+
+def _clean_params(params: Any) -> dict:
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise ValidationError({"params": "params must be a JSON object."})
+    try:
+        encoded = json.dumps(params)
+    except (TypeError, ValueError) as exc:
+        raise ValidationError({"params": f"params cannot be stored as JSON: {exc}"}) from None
+    if len(encoded) > MAX_PARAMS_BYTES:
+        raise ValidationError({"params": f"params are {len(encoded)} bytes of JSON; the limit is {MAX_PARAMS_BYTES}."})
+    return json.loads(encoded)
+
+
+def clean_file_name(name: Any) -> str:
+    """Refuse any name that could leave the run's directory; never guess a 'fixed' one."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValidationError({"file": "The uploaded file has no name."})
+    name = name.strip()
+    if "/" in name or "\\" in name or name in {".", ".."} or ".." in name.split("."):
+        raise ValidationError({"file": f"The file name {name!r} contains a path; send a plain file name."})
+    if "\x00" in name or any(unicodedata.category(ch) == "Cc" for ch in name):
+        raise ValidationError({"file": "The file name contains control characters."})
+    if name.startswith("."):
+        raise ValidationError({"file": f"The file name {name!r} is hidden (starts with a dot)."})
+    if len(name) > MAX_FILE_NAME_CHARS:
+        raise ValidationError({"file": f"The file name is longer than {MAX_FILE_NAME_CHARS} characters."})
+    return name
+
+
+def _copy_input_file(source: IO[bytes], destination: Path) -> tuple[str, int]:
+    """Copy, hashing as we go; stop as soon as the size limit is passed."""
+    limit = settings.MAX_UPLOAD_BYTES
+    digest = hashlib.sha256()
+    size = 0
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    partial = destination.with_name(destination.name + ".partial")
+    with open(partial, "wb") as out:
+        while chunk := source.read(_COPY_CHUNK):
+            size += len(chunk)
+            if size > limit:
+                raise ValidationError(
+                    {"file": f"The file is larger than the limit of {limit} bytes (MAX_UPLOAD_BYTES)."}
+                )
+            digest.update(chunk)
+            out.write(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    partial.rename(destination)
+    return digest.hexdigest(), size
+
+
+def run_inputs_dir(run_id: uuid.UUID) -> Path:
+    return Path(settings.RUN_INPUTS_DIR) / str(run_id)
+
+
+def enqueue_run(run_id: uuid.UUID) -> None:
+    from django_q.tasks import async_task
+
+    async_task("runs.tasks.execute_run", str(run_id), task_name=f"run {run_id}", group="runs")
+
+
+def start_run(
+    *,
+    agent_name: str,
+    message: str,
+    owner_id: str,
+    params: dict | None = None,
+    file: IO[bytes] | None = None,
+    file_name: str | None = None,
+    created_by: Any = None,
+    trigger: str = Trigger.API,
+    conversation_id: str = "",
+    session_id: str | None = None,
+    enqueue: bool = True,
+) -> AgentRun:
+    """Validate, copy the input file, write the run as `queued`, and enqueue it on commit.
+
+    Raises ValidationError (a dict of field errors) for bad input; nothing is written then.
+    """
+    errors: dict[str, list[str]] = {}
+    cleaned: dict[str, Any] = {}
+    for field, clean, value in (
+        ("agent", None, agent_name),
+        ("message", _clean_message, message),
+        ("owner_id", _clean_owner_id, owner_id),
+        ("params", _clean_params, params),
+    ):
+        try:
+            if clean is None:
+                cleaned[field] = get_agent_spec(value if isinstance(value, str) else repr(value))
+            else:
+                cleaned[field] = clean(value)
+        except UnknownAgentError as exc:
+            errors.setdefault("agent", []).append(str(exc))
+        except ValidationError as exc:
+            for key, messages in exc.message_dict.items():
+                errors.setdefault(key, []).extend(messages)
+    if "agent" in cleaned and "params" in cleaned:
+        try:
+            validate_params(cleaned["agent"], cleaned["params"])
+        except ScriptError as exc:
+            errors.setdefault("params", []).append(f"params.script: {exc}")
+    if file is not None:
+        try:
+            cleaned["file_name"] = clean_file_name(file_name if file_name is not None else getattr(file, "name", ""))
+        except ValidationError as exc:
+            errors.setdefault("file", []).extend(exc.message_dict["file"])
+    if errors:
+        raise ValidationError(errors)
+
+    run_id = uuid.uuid4()
+    stored_path = ""
+    sha256, size = "", None
+    if file is not None:
+        destination = run_inputs_dir(run_id) / cleaned["file_name"]
+        try:
+            sha256, size = _copy_input_file(file, destination)
+        except BaseException:
+            shutil.rmtree(run_inputs_dir(run_id), ignore_errors=True)
+            raise
+        stored_path = str(destination)
+
+    try:
+        with transaction.atomic():
+            run = AgentRun.objects.create(
+                run_id=run_id,
+                trigger=trigger,
+                agent_name=cleaned["agent"].name,
+                owner_id=cleaned["owner_id"],
+                created_by=created_by if getattr(created_by, "is_authenticated", False) else None,
+                config={"message": cleaned["message"], "params": cleaned["params"]},
+                input_file=stored_path,
+                input_file_name=cleaned.get("file_name", ""),
+                input_file_sha256=sha256,
+                input_file_size=size,
+                session_id=session_id or str(uuid.uuid4()),
+                conversation_id=conversation_id,
+            )
+            if enqueue:
+                transaction.on_commit(lambda: enqueue_run(run_id))
+    except BaseException:
+        if stored_path:
+            shutil.rmtree(run_inputs_dir(run_id), ignore_errors=True)
+        raise
+    return run
+
+
+# --- Claiming, heartbeats, settling ---------------------------------------------------------------
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def claim_run(*, run_id: uuid.UUID, worker: str) -> bool:
+    """Move the run queued → running. False if anyone else got there first (or it was cancelled)."""
+    now = timezone.now()
+    claimed = AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
+        status=RunStatus.RUNNING,
+        started_at=now,
+        heartbeat_at=now,
+        attempts=F("attempts") + 1,
+        worker=worker,
+    )
+    return claimed == 1
+
+
+def beat(*, run_id: uuid.UUID) -> bool:
+    """Refresh the heartbeat; False once the run is no longer running (e.g. reconciled)."""
+    return AgentRun.objects.filter(pk=run_id, status=RunStatus.RUNNING).update(heartbeat_at=timezone.now()) == 1
+
+
+def session_tools(run: AgentRun) -> list[str]:
+    """Tools called according to ADK's stored events, from the run's user message on."""
+    events = AdkEvent.objects.filter(
+        app_name=run.agent_name,
+        user_id=run.owner_id,
+        session_id=run.session_id,
+        invocation_id=run.invocation_id,
+    ).order_by("timestamp", "id")
+    names: list[str] = []
+    seen_user_message = False
+    for event in events:
+        if not seen_user_message:
+            seen_user_message = event.author == "user"
+            if seen_user_message:
+                continue
+        names.extend(call.get("name", "") for call in event.function_calls)
+    return names
+
+
+def derive_tools_executed(run: AgentRun) -> list[str] | None:
+    """The three states of `tools_executed`: the journal, else the session, else unknown (None).
+
+    A journal row is written before its tool can start, so a readable journal is the truth. An
+    empty journal is still cross-checked against the session: unknown is not none.
+    """
+    from_journal: list[str] | None
+    try:
+        from_journal = journal.journal_tools(run.run_id)
+    except DatabaseError:
+        logger.exception("Run %s: the tool journal could not be read", run.run_id)
+        from_journal = None
+    if from_journal:
+        return from_journal
+    try:
+        from_session = session_tools(run)
+    except (DatabaseError, ValueError, TypeError):
+        logger.exception("Run %s: the ADK session could not be read", run.run_id)
+        from_session = None
+    if from_session:
+        return from_session
+    if from_journal is not None:
+        return from_journal
+    return from_session
+
+
+def settle_run(
+    *,
+    run_id: uuid.UUID,
+    status: str,
+    error_code: str = "",
+    error_message: str = "",
+    result: str = "",
+) -> bool:
+    """Write the run's outcome if it is still `running`; otherwise keep it as a late outcome.
+
+    Returns True if this outcome became the run's status.
+    """
+    run = AgentRun.objects.get(pk=run_id)
+    tools = derive_tools_executed(run)
+    now = timezone.now()
+    settled = AgentRun.objects.filter(pk=run_id, status=RunStatus.RUNNING).update(
+        status=status,
+        error_code=error_code[:64],
+        error_message=error_message,
+        result=result,
+        tools_executed=tools,
+        finished_at=now,
+    )
+    if settled:
+        return True
+    # Someone settled it first (a reconciler that thought the worker dead): record what the
+    # worker saw without overwriting the first verdict.
+    AgentRun.objects.filter(pk=run_id).update(
+        late_outcome={
+            "status": status,
+            "error_code": error_code,
+            "error_message": error_message,
+            "result": result,
+            "tools_executed": tools,
+            "finished_at": now.isoformat(),
+        }
+    )
+    logger.warning("Run %s finished as %s after it had already been settled", run_id, status)
+    return False
+
+
+def runs_with_status(statuses: Iterable[str]):
+    return AgentRun.objects.filter(status__in=list(statuses))
