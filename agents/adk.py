@@ -148,9 +148,30 @@ def run_coroutine(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run_coroutine_threadsafe(coro, _background_loop()).result()
 
 
-def close_all_session_services() -> None:
-    """Dispose every pooled ADK engine of this process (tests, shutdown)."""
+def _orm_thread_call(func: Any) -> None:
+    # Django's async ORM (and sync_to_async) runs queries made from the agent loop on asgiref's
+    # single shared thread, which keeps its own database connection.
+    from asgiref.sync import SyncToAsync
+
+    SyncToAsync.single_thread_executor.submit(func).result()
+
+
+def refresh_orm_thread_connections() -> None:
+    """Drop the ORM thread's connection if it is broken or past its age, as a request would."""
+    from django.db import close_old_connections
+
+    _orm_thread_call(close_old_connections)
+
+
+def release_process_resources() -> None:
+    """Dispose every pooled ADK engine of this process and the ORM thread's connections.
+
+    Needed before a database can be dropped (test teardown) and on orderly shutdown.
+    """
+    from django.db import connections
+
     with _loop_lock:
         loop = _loop_state["loop"] if _loop_state["pid"] == os.getpid() else None
     if loop is not None:
         asyncio.run_coroutine_threadsafe(close_session_services_for_loop(), loop).result()
+    _orm_thread_call(connections.close_all)

@@ -25,7 +25,7 @@ from google.adk.runners import Runner
 from google.genai import errors as genai_errors
 from google.genai import types
 
-from agents.adk import run_coroutine, session_service
+from agents.adk import refresh_orm_thread_connections, run_coroutine, session_service
 from agents.registry import build_agent, get_agent_spec
 from agents.scripted import ScriptedModelError
 from runs import services
@@ -194,6 +194,7 @@ def execute(run_id: uuid.UUID) -> str:
     if not services.claim_run(run_id=run_id, worker=services.worker_name()):
         logger.info("Run %s was not claimed: it is no longer queued", run_id)
         return "not claimed"
+    refresh_orm_thread_connections()
     control = RunControl(run_id)
     outcome = Outcome(RunStatus.ERROR, "internal", "The worker stopped before the run finished.")
     control.start()

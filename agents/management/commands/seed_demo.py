@@ -1,0 +1,61 @@
+from django.core.management.base import BaseCommand
+
+from agents.models import Customer
+from runs import executor, services
+from runs.management.commands.run_agent import describe
+from runs.models import AgentRun
+
+DEMO_CUSTOMERS = [
+    {"email": "jane@example.com", "name": "Jane Doe", "contact_id": "C-1001", "plan": "pro"},
+    {"email": "omar@example.com", "name": "Omar Haddad", "contact_id": "C-1002", "plan": "free"},
+]
+
+REFUND_EMAIL = {
+    "to": "omar@example.com",
+    "subject": "About your invoice",
+    "body": "Hello Omar, we have corrected your invoice; the new one is attached to your account.",
+}
+
+DEMO_RUNS = [
+    ("Jane asks where her refund is.", "alice", None),
+    (
+        "Omar cannot log in.",
+        "bob",
+        [{"fail": "error", "message": "The model service is unavailable (503)."}],
+    ),
+    (
+        "Omar's invoice is wrong.",
+        "bob",
+        [
+            {"call": "lookup_customer", "args": {"email": "omar@example.com"}},
+            {"call": "send_email", "args": REFUND_EMAIL},
+            {"fail": "error", "message": "The model service stopped answering mid-run."},
+        ],
+    ),
+]
+
+
+class Command(BaseCommand):
+    help = (
+        "Seed the demo by really running the scripted support agent: one run that succeeds, one "
+        "that fails before any tool, one that fails after send_email. Only into an empty ledger."
+    )
+
+    def handle(self, *args, **options):
+        for customer in DEMO_CUSTOMERS:
+            Customer.objects.get_or_create(email=customer["email"], defaults=customer)
+        if AgentRun.objects.exists():
+            self.stdout.write("The ledger already holds runs; the demo is not seeded again.")
+            return
+        for message, owner, script in DEMO_RUNS:
+            run = services.start_run(
+                agent_name="support",
+                message=message,
+                owner_id=owner,
+                params={"script": script} if script else {},
+                enqueue=False,
+            )
+            executor.execute(run.run_id)
+            run.refresh_from_db()
+            summary = describe(run).replace("\n", "; ")
+            self.stdout.write(f"Demo run {run.run_id}: {summary}")

@@ -1,0 +1,68 @@
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+
+class Command(BaseCommand):
+    help = (
+        "Serve the app (ASGI, uvicorn) and its django-q2 worker together until Ctrl-C. "
+        "For production run the two as separate services (see the README)."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+        parser.add_argument("--web-workers", type=int, default=1, help="uvicorn worker processes")
+
+    def handle(self, *args, **options):
+        python = sys.executable
+        commands = {
+            "web": [
+                python, "-m", "uvicorn", "config.asgi:application",
+                "--host", options["host"], "--port", str(options["port"]),
+                "--workers", str(options["web_workers"]), "--lifespan", "off",
+            ],
+            "worker": [python, "manage.py", "qcluster"],
+        }
+        processes = {
+            name: subprocess.Popen(command, cwd=settings.BASE_DIR, start_new_session=True)
+            for name, command in commands.items()
+        }
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"Agent Ledger on http://{options['host']}:{options['port']}/admin/ "
+                f"(worker: {settings.Q_WORKERS} processes). Ctrl-C stops both."
+            )
+        )
+        stopping = False
+
+        def request_stop(signum, frame):
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGINT, request_stop)
+        signal.signal(signal.SIGTERM, request_stop)
+        failed = None
+        while not stopping:
+            for name, process in processes.items():
+                if process.poll() is not None:
+                    failed = f"The {name} process exited with status {process.returncode}."
+                    stopping = True
+                    break
+            time.sleep(0.5)
+        for process in processes.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for process in processes.values():
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+        if failed:
+            raise CommandError(failed)

@@ -1,0 +1,62 @@
+"""Shared fixtures and personas.
+
+Runs cross the seam between Django's connection and ADK's own engine, so tests that execute
+agents use real commits (`transactional_db`). Child processes (crash tests, restarts) get the
+same test database through `child_env()`.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Permission
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _release_adk_connections(django_db_setup, django_db_blocker):
+    yield
+    # Pooled ADK connections and the ORM thread's connection would keep the test database
+    # open and make dropping it fail on PostgreSQL.
+    from agents.adk import release_process_resources
+
+    with django_db_blocker.unblock():
+        release_process_resources()
+
+
+@pytest.fixture(autouse=True)
+def _test_settings(settings, tmp_path):
+    settings.SCRIPTED_FAULTS_ENABLED = True
+    settings.RUN_INPUTS_DIR = tmp_path / "run-inputs"
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    settings.RUN_HEARTBEAT_SECONDS = 0.2
+
+
+# --- Personas -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def alice(django_user_model):
+    """An internal tool's account: may start runs and see its own."""
+    return django_user_model.objects.create_user("alice", password="alice-pass-123")
+
+
+@pytest.fixture
+def bob(django_user_model):
+    return django_user_model.objects.create_user("bob", password="bob-pass-123")
+
+
+@pytest.fixture
+def support_agent(django_user_model):
+    """Support staff: sees every run in the admin, may replay but not force."""
+    user = django_user_model.objects.create_user("sam", password="sam-pass-123", is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(codename__in=["view_agentrun", "view_toolcall"]))
+    return user
+
+
+@pytest.fixture
+def support_lead(django_user_model):
+    """Senior support: may also force a replay the rules refuse."""
+    user = django_user_model.objects.create_user("lee", password="lee-pass-123", is_staff=True)
+    user.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_agentrun", "view_toolcall", "force_replay_agentrun"])
+    )
+    return user

@@ -1,0 +1,94 @@
+"""Helpers shared by the tests: child processes on the test database, runs executed in-process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.conf import settings as django_settings
+from django.db import connection
+
+from runs import executor, services
+
+BASE_DIR = Path(django_settings.BASE_DIR)
+
+postgres_only = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="needs PostgreSQL (set DATABASE_URL to a postgres:// URL)"
+)
+
+
+def child_database_url() -> str:
+    """A DATABASE_URL for child processes that points at this test run's database."""
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{db['NAME']}"
+    auth = db["USER"] or ""
+    if db.get("PASSWORD"):
+        auth += f":{db['PASSWORD']}"
+    host = db.get("HOST") or "127.0.0.1"
+    port = db.get("PORT") or 5432
+    return f"postgres://{auth}@{host}:{port}/{db['NAME']}"
+
+
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=child_database_url(),
+        SCRIPTED_FAULTS_ENABLED="true",
+        RUN_INPUTS_DIR=str(django_settings.RUN_INPUTS_DIR),
+        RUN_HEARTBEAT_SECONDS=str(django_settings.RUN_HEARTBEAT_SECONDS),
+        EMAIL_BACKEND="django.core.mail.backends.locmem.EmailBackend",
+        DJANGO_SETTINGS_MODULE="config.settings",
+    )
+    env.update(extra)
+    return env
+
+
+def run_manage(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=BASE_DIR,
+        env=child_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_python(code: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+    prelude = "import django; django.setup()\n"
+    return subprocess.run(
+        [sys.executable, "-c", prelude + code],
+        cwd=BASE_DIR,
+        env=child_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_now(**kwargs):
+    """Start a run and execute it in this process, as a worker would; return the settled row."""
+    kwargs.setdefault("agent_name", "support")
+    kwargs.setdefault("owner_id", "alice")
+    kwargs.setdefault("message", "Jane asks about her refund.")
+    run = services.start_run(enqueue=False, **kwargs)
+    executor.execute(run.run_id)
+    run.refresh_from_db()
+    return run
+
+
+def script_params(*steps) -> dict:
+    return {"script": list(steps)}
+
+
+EMAIL_ARGS = {"to": "jane@example.com", "subject": "Refund", "body": "Your refund is on its way."}
+SEND_EMAIL = {"call": "send_email", "args": EMAIL_ARGS}
+UPDATE_CRM = {"call": "update_crm", "args": {"contact_id": "C-1001", "note": "Refund confirmed."}}
+LOOKUP = {"call": "lookup_customer", "args": {"email": "jane@example.com"}}
+SAY_DONE = {"say": "Done."}

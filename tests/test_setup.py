@@ -1,0 +1,184 @@
+"""Settings, commands, the ADK seam and the read-only admin."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.urls import reverse
+
+from agents.adk import adk_database_url
+from runs.models import AgentRun, RunStatus
+from tests.helpers import BASE_DIR, SAY_DONE, SEND_EMAIL, child_env, run_manage, run_now, script_params
+
+
+def _django_setup_with(**env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        cwd=BASE_DIR,
+        env=child_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    "name, value, words",
+    [
+        ("RUN_STALE_AFTER_SECONDS", "soon", "RUN_STALE_AFTER_SECONDS='soon' is not a whole number"),
+        ("RUN_STALE_AFTER_SECONDS", "-5", "RUN_STALE_AFTER_SECONDS=-5 is too small"),
+        ("MAX_UPLOAD_BYTES", "0", "MAX_UPLOAD_BYTES=0 is too small"),
+        ("DEBUG", "maybe", "DEBUG='maybe' is not a boolean"),
+        ("ADK_DB_POOL_SIZE", "three", "ADK_DB_POOL_SIZE='three'"),
+        ("DATABASE_URL", "mysql://root@localhost/db", "SQLite or PostgreSQL only"),
+        ("DATABASE_URL", "nonsense://", "DATABASE_URL='nonsense://'"),
+        ("RUN_HEARTBEAT_SECONDS", "40", "more than twice"),
+        ("AGENT_MODEL", "gemini-2.5-flash", "needs GOOGLE_API_KEY"),
+    ],
+)
+def test_a_bad_setting_stops_start_up_naming_the_variable(name, value, words):
+    env = {name: value}
+    if name == "AGENT_MODEL":
+        env["GOOGLE_API_KEY"] = ""
+    result = _django_setup_with(**env)
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr
+    assert words in result.stderr
+
+
+@pytest.mark.django_db
+def test_adk_uses_the_active_test_database():
+    url = adk_database_url()
+    assert url.database == str(connection.settings_dict["NAME"])
+    assert url.drivername == ("sqlite+aiosqlite" if connection.vendor == "sqlite" else "postgresql+psycopg")
+
+
+@pytest.mark.django_db
+def test_migrate_makes_sure_adks_tables_exist():
+    tables = set(connection.introspection.table_names())
+    assert {"sessions", "events", "app_states", "user_states", "adk_internal_metadata"} <= tables
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sqlite_connections_use_wal_and_a_busy_timeout():
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite only")
+    with connection.cursor() as cursor:
+        assert cursor.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert cursor.execute("PRAGMA busy_timeout").fetchone()[0] > 0
+
+    from agents.adk import run_coroutine, session_service
+
+    async def adk_pragmas():
+        async with session_service().db_engine.connect() as conn:
+            mode = (await conn.exec_driver_sql("PRAGMA journal_mode")).scalar()
+            timeout = (await conn.exec_driver_sql("PRAGMA busy_timeout")).scalar()
+            return mode, timeout
+
+    mode, timeout = run_coroutine(adk_pragmas())
+    assert mode == "wal"
+    assert timeout > 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_agent_command_prints_the_run_id_and_the_outcome():
+    result = run_manage(
+        "run_agent", "support", "Email Jane", "--owner", "alice", "--inline",
+        "--script", json.dumps([SEND_EMAIL, SAY_DONE]),
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.strip().splitlines()
+    run = AgentRun.objects.get(pk=lines[0])
+    assert run.status == RunStatus.SUCCESS
+    assert "status: success" in lines
+    assert "tools called: send_email" in lines
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["nope", "hi", "--owner", "alice"], "no agent named 'nope'"),
+        (["support", "  ", "--owner", "alice"], "message is empty"),
+        (["support", "hi", "--owner", "alice", "--script", "[{not json"], "--script is not valid JSON"),
+        (["support", "hi", "--owner", "alice", "--script", '{"say": "x"}'], "must be a list"),
+        (["support", "hi", "--owner", "alice", "--file", "/no/such/file"], "does not exist"),
+    ],
+)
+def test_run_agent_refuses_bad_input_clearly(args, words):
+    result = run_manage("run_agent", *args)
+    assert result.returncode != 0
+    assert words in result.stderr
+    assert AgentRun.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_agent_refuses_a_file_over_the_limit(tmp_path):
+    big = tmp_path / "big.bin"
+    big.write_bytes(b"x" * 2048)
+    result = run_manage("run_agent", "support", "hi", "--owner", "alice", "--file", str(big), MAX_UPLOAD_BYTES="1024")
+    assert result.returncode != 0
+    assert "larger than the limit of 1024 bytes" in result.stderr
+    assert AgentRun.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_seed_demo_really_runs_the_agent_once():
+    call_command("seed_demo")
+    runs = {run.config["message"]: run for run in AgentRun.objects.all()}
+    assert len(runs) == 3
+    states = sorted((r.status, r.tools_state) for r in runs.values())
+    assert states == [("error", "called"), ("error", "none"), ("success", "called")]
+    failed_after = next(r for r in runs.values() if r.status == "error" and r.tools_executed)
+    assert failed_after.tools_executed == ["lookup_customer", "send_email"]
+
+    call_command("seed_demo")
+    assert AgentRun.objects.count() == 3
+
+
+@pytest.mark.django_db
+def test_ensure_admin_creates_the_superuser_once(monkeypatch, capsys, django_user_model):
+    monkeypatch.setenv("ADMIN_PASSWORD", "s3cret-demo-pass")
+    call_command("ensure_admin")
+    admin = django_user_model.objects.get(username="admin")
+    assert admin.is_superuser and admin.check_password("s3cret-demo-pass")
+
+    monkeypatch.setenv("ADMIN_PASSWORD", "another")
+    call_command("ensure_admin")
+    admin.refresh_from_db()
+    assert admin.check_password("s3cret-demo-pass")
+
+
+@pytest.mark.django_db
+def test_ensure_admin_prints_a_generated_password(monkeypatch, capsys, django_user_model):
+    monkeypatch.delenv("ADMIN_PASSWORD", raising=False)
+    call_command("ensure_admin")
+    out = capsys.readouterr().out
+    password = out.split("with password: ")[1].split()[0]
+    assert django_user_model.objects.get(username="admin").check_password(password)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runs_are_read_only_records_in_the_admin(admin_client):
+    run = run_now(params=script_params(SEND_EMAIL, SAY_DONE))
+
+    changelist = admin_client.get(reverse("admin:runs_agentrun_changelist"))
+    assert changelist.status_code == 200
+    assert str(run.run_id) in changelist.content.decode()
+
+    page = admin_client.get(reverse("admin:runs_agentrun_change", args=[run.run_id]))
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert "send_email" in body
+    assert 'name="_save"' not in body
+
+    assert admin_client.get(reverse("admin:runs_agentrun_add")).status_code == 403
+    assert admin_client.post(reverse("admin:runs_agentrun_delete", args=[run.run_id])).status_code == 403
+    for model in ("adksession", "adkevent", "outboxemail", "crmnote"):
+        assert admin_client.get(reverse(f"admin:agents_{model}_changelist")).status_code == 200
+        assert admin_client.get(reverse(f"admin:agents_{model}_add")).status_code == 403
