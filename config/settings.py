@@ -118,7 +118,9 @@ if _database["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
     }
     # A file, not memory: ADK's engine and child processes must reach the test database too.
-    _database["TEST"] = {"NAME": str(BASE_DIR / ".test-db.sqlite3")}
+    # Named after the main file, so two checkouts (or two DATABASE_URLs) never share one.
+    _main_file = Path(_database["NAME"])
+    _database["TEST"] = {"NAME": str(_main_file.with_name(f".test-{_main_file.name}"))}
 elif _database["ENGINE"] == "django.db.backends.postgresql":
     pass
 else:
