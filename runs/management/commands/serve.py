@@ -55,9 +55,11 @@ class Command(BaseCommand):
                     stopping = True
                     break
             time.sleep(0.5)
+        # Only the leaders get SIGTERM: each one stops its own children in order (django-q2's
+        # workers finish their task first); signalling the whole group makes qcluster hang.
         for process in processes.values():
             if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
+                process.terminate()
         deadline = time.monotonic() + 30
         for process in processes.values():
             try:
