@@ -1,0 +1,163 @@
+"""The durable-execution peer: DBOS Transact steps against Agent Ledger's tool journal.
+
+The same three effects (send the email into the outbox, append the CRM note, look the customer
+up) are run three ways, interleaved, on the same PostgreSQL server:
+
+  plain      the three effects as tools run them (on the agent loop), nothing durable around them
+  DBOS       a DBOS workflow of three @DBOS.step()s (checkpoint per step, per workflow)
+  journal    Agent Ledger's journal around each effect: the call row written before the effect,
+             its outcome after, through the same thread hop the runner's plugin uses
+
+Printed: ms per 3-effect unit for each, and the durability cost per step / per journaled call
+(contender minus plain, divided by 3).
+
+    pip install -r bench/requirements.txt
+    python bench/dbos_peer.py [--units 300] [--warmup 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+import uuid
+from collections import defaultdict
+
+from _common import print_table, save_results, setup_django, summary
+
+DATABASE = "agentledger_bench_dbos_app"
+DBOS_SYSTEM_DATABASE = "agentledger_bench_dbos_sys"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--units", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--block", type=int, default=10)
+    args = parser.parse_args()
+
+    setup_django(DATABASE, fresh=True)
+    from asgiref.sync import sync_to_async
+    from dbos import DBOS
+
+    from _common import drop_database
+    from agents.adk import run_coroutine
+    from agents.models import CrmNote, Customer, OutboxEmail
+    from runs import journal
+    from runs.models import AgentRun, ToolCallStatus
+
+    Customer.objects.get_or_create(
+        email="jane@example.com", defaults={"name": "Jane Doe", "contact_id": "C-1001", "plan": "pro"}
+    )
+
+    def send_email_effect(run_id):
+        return OutboxEmail.objects.create(run_id=run_id, to="jane@example.com", subject="Refund", body="On its way.").pk
+
+    def update_crm_effect(run_id):
+        return CrmNote.objects.create(run_id=run_id, contact_id="C-1001", note="Refund confirmed.").pk
+
+    def lookup_effect(run_id):
+        return Customer.objects.filter(email="jane@example.com").values_list("contact_id", flat=True).first()
+
+    effects = [("send_email", send_email_effect), ("update_crm", update_crm_effect), ("lookup_customer", lookup_effect)]
+
+    drop_database(DBOS_SYSTEM_DATABASE)
+    server = os.environ.get("BENCH_POSTGRES", "postgres://postgres@127.0.0.1:5432").rstrip("/")
+    DBOS(config={"name": "agent-ledger-peer", "system_database_url": f"{server}/{DBOS_SYSTEM_DATABASE}".replace("postgres://", "postgresql://")})
+
+    @DBOS.step()
+    def send_email_step(run_id: str):
+        return send_email_effect(uuid.UUID(run_id))
+
+    @DBOS.step()
+    def update_crm_step(run_id: str):
+        return update_crm_effect(uuid.UUID(run_id))
+
+    @DBOS.step()
+    def lookup_step(run_id: str):
+        return lookup_effect(uuid.UUID(run_id))
+
+    @DBOS.workflow()
+    def support_workflow(run_id: str):
+        send_email_step(run_id)
+        update_crm_step(run_id)
+        return lookup_step(run_id)
+
+    DBOS.launch()
+
+    async def plain_async(run_id) -> None:
+        # Tools run on the agent loop and reach the ORM through the same thread hop.
+        for _, effect in effects:
+            await sync_to_async(effect)(run_id)
+
+    def plain() -> None:
+        run_coroutine(plain_async(uuid.uuid4()))
+
+    def dbos_unit() -> None:
+        support_workflow(str(uuid.uuid4()))
+
+    async def journaled_async(run_id) -> None:
+        seq = 1
+        for name, effect in effects:
+            call_id = f"call-{uuid.uuid4().hex[:12]}"
+            await sync_to_async(journal.record_calls)(run_id, seq, [(call_id, name, {})])
+            result = await sync_to_async(effect)(run_id)
+            await sync_to_async(journal.record_outcome)(
+                run_id, call_id, status=ToolCallStatus.ANSWERED, summary=journal.summarize(result)
+            )
+            seq += 1
+
+    def journaled() -> None:
+        run = AgentRun.objects.create(agent_name="support", owner_id="bench", config={"message": "x"}, session_id=str(uuid.uuid4()))
+        run_coroutine(journaled_async(run.run_id))
+
+    def journaled_cost_of_row() -> None:
+        """The AgentRun row above is the ledger's, not the journal's: time it to subtract it."""
+        AgentRun.objects.create(agent_name="support", owner_id="bench", config={"message": "x"}, session_id=str(uuid.uuid4()))
+
+    contenders = {"plain": plain, "DBOS workflow": dbos_unit, "journal": journaled, "run row only": journaled_cost_of_row}
+    for _ in range(args.warmup):
+        for run in contenders.values():
+            run()
+    timings = defaultdict(list)
+    done = 0
+    while done < args.units:
+        block = min(args.block, args.units - done)
+        for key, run in contenders.items():
+            for _ in range(block):
+                started = time.perf_counter()
+                run()
+                timings[key].append((time.perf_counter() - started) * 1000)
+        done += block
+    DBOS.destroy()
+
+    stats = {key: summary(values) for key, values in timings.items()}
+    plain_ms = stats["plain"]["median"]
+    dbos_per_step = (stats["DBOS workflow"]["median"] - plain_ms) / 3
+    journal_per_call = (stats["journal"]["median"] - stats["run row only"]["median"] - plain_ms) / 3
+    print(f"\n{args.units} units of three effects per contender, interleaved, PostgreSQL\n")
+    print_table(
+        ["contender", "ms/unit p50", "ms/unit p95"],
+        [[key, f"{s['median']:.2f}", f"{s['p95']:.2f}"] for key, s in stats.items()],
+    )
+    print(f"\nDBOS: {dbos_per_step:.2f} ms per step above the bare effect "
+          f"({stats['DBOS workflow']['median']:.2f} ms per 3-step workflow)")
+    print(f"Agent Ledger journal: {journal_per_call:.2f} ms per journaled call above the bare effect")
+    print(f"ratio journal/DBOS per call: {journal_per_call / dbos_per_step:.2f}")
+    save_results(
+        "dbos_peer",
+        [
+            {"metric": "DBOS ms per step (over bare effect)", "value": dbos_per_step, "unit": "ms"},
+            {"metric": "DBOS ms per 3-step workflow", "value": stats["DBOS workflow"]["median"], "unit": "ms"},
+            {"metric": "journal ms per call (over bare effect)", "value": journal_per_call, "unit": "ms",
+             "peer": "DBOS step", "ratio": journal_per_call / dbos_per_step},
+        ],
+        stats=stats,
+    )
+    drop_database(DBOS_SYSTEM_DATABASE)
+
+
+if __name__ == "__main__":
+    asyncio.set_event_loop_policy(None)
+    main()
