@@ -66,7 +66,7 @@ def _from_adk_entries(entries: Sequence[AdkMemoryEntry], custom_metadata: Mappin
         entry_metadata = {**metadata, **(entry.custom_metadata or {})}
         items.append(
             services.Remembered(
-                event_id=entry.id or services.content_hash(author, text, when),
+                event_id=entry.id or services.content_hash(author, text, entry.timestamp or ""),
                 author=author,
                 text=text,
                 timestamp=when,

@@ -7,13 +7,24 @@ triggers) can call `install(schema_editor)` again.
 
 from __future__ import annotations
 
-# Must stay the very expression memory.search builds, or PostgreSQL will not use the index.
+# PostgreSQL: a stored generated tsvector column, so a search never re-parses text (to_tsvector
+# on every candidate row cost more than the whole rest of a search), and a GIN index on
+# (owner_id, search_vector) through btree_gin, so one owner's search is a single index scan
+# that intersects the owner's entries with the query's lexemes. agent_name stays out of it: a
+# handful of agents share every row, so its posting list is the whole table and scanning it
+# made each search several times slower; the heap recheck filters the agent instead. The column is outside Django's model
+# state: Django never writes it, and memory.search reads it by name. Changing the type of
+# `text` on PostgreSQL therefore needs this column dropped and re-added around it.
 PG_INDEX_NAME = "memory_text_search"
-PG_CREATE = (
+PG_VECTOR_COLUMN = "search_vector"
+PG_CREATE = [
+    f"ALTER TABLE memory_entries ADD COLUMN IF NOT EXISTS {PG_VECTOR_COLUMN} tsvector "
+    "GENERATED ALWAYS AS (to_tsvector('english'::regconfig, text)) STORED",
     f"CREATE INDEX IF NOT EXISTS {PG_INDEX_NAME} ON memory_entries "
-    "USING gin (to_tsvector('english'::regconfig, COALESCE(text, '')))"
-)
-PG_DROP = f"DROP INDEX IF EXISTS {PG_INDEX_NAME}"
+    f"USING gin (owner_id, {PG_VECTOR_COLUMN})",
+]
+PG_DROP_INDEX = f"DROP INDEX IF EXISTS {PG_INDEX_NAME}"
+PG_DROP = [PG_DROP_INDEX, f"ALTER TABLE memory_entries DROP COLUMN IF EXISTS {PG_VECTOR_COLUMN}"]
 
 SQLITE_CREATE = [
     # External content: the text is stored once, in memory_entries; FTS5 keeps only the index.
@@ -40,7 +51,8 @@ SQLITE_DROP = [
 def install(schema_editor) -> None:
     vendor = schema_editor.connection.vendor
     if vendor == "postgresql":
-        schema_editor.execute(PG_CREATE)
+        for statement in PG_CREATE:
+            schema_editor.execute(statement)
     elif vendor == "sqlite":
         for statement in SQLITE_CREATE:
             schema_editor.execute(statement)
@@ -49,7 +61,8 @@ def install(schema_editor) -> None:
 def uninstall(schema_editor) -> None:
     vendor = schema_editor.connection.vendor
     if vendor == "postgresql":
-        schema_editor.execute(PG_DROP)
+        for statement in PG_DROP:
+            schema_editor.execute(statement)
     elif vendor == "sqlite":
         for statement in SQLITE_DROP:
             schema_editor.execute(statement)

@@ -57,8 +57,8 @@ class MemoryEntry(models.Model):
     """One remembered event (a user message or a model answer) of one agent for one owner.
 
     The full-text index lives outside Django's model state because it differs per database:
-    a GIN expression index on PostgreSQL and an FTS5 table kept in step by triggers on SQLite
-    (migration 0002_full_text_search).
+    a generated tsvector column under a GIN index on PostgreSQL, an FTS5 table kept in step by
+    triggers on SQLite (memory.fulltext, applied by migration 0002_full_text_search).
     """
 
     agent_name = models.CharField(max_length=128)

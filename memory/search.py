@@ -1,13 +1,12 @@
 """Full-text matching and ranking of memories, one implementation per database.
 
-PostgreSQL: `to_tsvector('english', text)` behind a GIN expression index, ranked by
-`ts_rank` with length normalisation. SQLite: an FTS5 table (porter stemming) kept in step with
+PostgreSQL: a stored `to_tsvector('english', text)` column behind a GIN index that also holds
+the scope columns, ranked by `ts_rank` with length normalisation. SQLite: an FTS5 table (porter stemming) kept in step with
 `memory_entries` by triggers, ranked by `bm25()`. The query is reduced to its searchable words
 in Python the same way for both (lower case, PostgreSQL's English stop words removed, OR of the
 rest), so the two databases match the same entries and agree on clear winners.
 
-The DDL for both indexes is in migration 0002_full_text_search; the expressions here must stay
-identical to it, or PostgreSQL silently stops using the index.
+The DDL for both is in memory.fulltext (applied by migration 0002_full_text_search).
 """
 
 from __future__ import annotations
@@ -18,6 +17,8 @@ from typing import TYPE_CHECKING
 
 from django.db.models import FloatField
 from django.db.models.expressions import RawSQL, Value
+
+from memory.fulltext import PG_VECTOR_COLUMN
 
 if TYPE_CHECKING:
     from memory.models import MemoryEntryQuerySet
@@ -63,11 +64,11 @@ def _vendor(qs: MemoryEntryQuerySet) -> str:
 # --- PostgreSQL -------------------------------------------------------------------------------------
 
 
-def _pg_vector():
-    from django.contrib.postgres.search import SearchVector
+def _pg_vector() -> RawSQL:
+    from django.contrib.postgres.search import SearchVectorField
 
-    # Renders as to_tsvector('english'::regconfig, COALESCE("text", '')): the index expression.
-    return SearchVector("text", config=TEXT_SEARCH_CONFIG)
+    # The stored column memory.fulltext adds; unqualified so the expression survives aliasing.
+    return RawSQL(PG_VECTOR_COLUMN, [], output_field=SearchVectorField())
 
 
 def _pg_query(terms: list[str]):

@@ -36,7 +36,7 @@ MAX_QUERY_CHARS = 2000
 MAX_RESULTS = 100
 OMITTED = "[data omitted]"
 
-_DATA_URL = re.compile(r"data:[\w.+-]+/[\w.+-]+;base64,[A-Za-z0-9+/=\s]+")
+_DATA_URL = re.compile(r"data:[\w.+-]+/[\w.+-]+;base64,[A-Za-z0-9+/=]+")
 _LONG_BASE64 = re.compile(r"[A-Za-z0-9+/]{200,}={0,2}")
 
 
@@ -64,6 +64,10 @@ class UnknownAgent(MemoryRefusal):
 
 class InvalidQuery(MemoryRefusal):
     code = "empty_query"
+
+
+class InvalidLimit(MemoryRefusal):
+    code = "invalid_limit"
 
 
 class ScopeNotVisible(MemoryRefusal):
@@ -134,7 +138,7 @@ def memories_from_events(
         if not text:
             continue
         event_run = run_id or as_uuid((event.custom_metadata or {}).get("run_id"))
-        event_id = event.id or content_hash(event.author or "", text, _event_time(event))
+        event_id = event.id or content_hash(event.author or "", text, str(event.timestamp or ""))
         items.append(
             Remembered(
                 event_id=event_id,
@@ -148,9 +152,9 @@ def memories_from_events(
     return items
 
 
-def content_hash(author: str, text: str, when: datetime) -> str:
+def content_hash(author: str, text: str, when: str = "") -> str:
     """A stable id for a memory that has no event id, so writing it twice stores it once."""
-    digest = hashlib.sha256(f"{author}\x1f{when.isoformat()}\x1f{text}".encode()).hexdigest()
+    digest = hashlib.sha256(f"{author}\x1f{when}\x1f{text}".encode()).hexdigest()
     return f"m-{digest[:40]}"
 
 
@@ -193,6 +197,18 @@ def clean_query(query: Any) -> str:
     if not search_terms(query):
         raise InvalidQuery(f"q={query.strip()!r} has no searchable words (only very common words such as 'the').")
     return query.strip()
+
+
+def clean_limit(limit: Any) -> int | None:
+    if limit is None or limit == "":
+        return None
+    try:
+        number = int(limit)
+    except (TypeError, ValueError):
+        raise InvalidLimit(f"limit={limit!r} is not a whole number.") from None
+    if not 1 <= number <= MAX_RESULTS:
+        raise InvalidLimit(f"limit must be between 1 and {MAX_RESULTS}.")
+    return number
 
 
 def can_see_scope(*, user: Any, agent: str, owner_id: str) -> bool:
