@@ -29,6 +29,7 @@ ErrorSerializer = inline_serializer(
 
 class MemorySearchView(APIView):
     @extend_schema(
+        operation_id="memory_search",
         summary="Search one owner's long-term memories of one agent",
         parameters=[
             OpenApiParameter("agent", str, required=True, description="A registered agent, e.g. support."),
