@@ -12,6 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from google.adk.agents import LlmAgent
+from google.adk.tools import preload_memory
 
 from agents import tools
 from agents.scripted import ScriptedLlm, validate_script
@@ -33,6 +34,8 @@ class AgentSpec:
     default_script: tuple[Any, ...]
     # Callbacks other parts of the system add to every agent (e.g. the memory diet).
     before_model_callbacks: tuple[Callable[..., Any], ...] = field(default=())
+    # ADK tools the model never calls, which shape each request (e.g. preload_memory).
+    context_tools: tuple[Any, ...] = field(default=())
 
     @property
     def tool_names(self) -> list[str]:
@@ -61,6 +64,8 @@ SUPPORT = AgentSpec(
         {"call": "update_crm", "args": {"contact_id": "C-1001", "note": "Refund confirmed by email."}},
         {"say": "I looked Jane up, emailed her about her refund and noted it in the CRM."},
     ),
+    # What this owner told the agent in earlier successful runs is put before the model.
+    context_tools=(preload_memory,),
 )
 
 AGENTS: dict[str, AgentSpec] = {SUPPORT.name: SUPPORT}
@@ -101,6 +106,6 @@ def build_agent(spec: AgentSpec, *, params: dict) -> LlmAgent:
         description=spec.description,
         model=build_model(spec, params),
         instruction=spec.instruction,
-        tools=list(spec.tools),
+        tools=[*spec.tools, *spec.context_tools],
         before_model_callback=list(spec.before_model_callbacks) or None,
     )

@@ -215,6 +215,13 @@ if AGENT_MODEL != "scripted" and not GOOGLE_API_KEY:
     )
 SCRIPTED_FAULTS_ENABLED = env_bool("SCRIPTED_FAULTS_ENABLED", DEBUG)
 
+# --- Long-term memory -----------------------------------------------------------------------------
+
+# Unset keeps memories for ever; N prunes memories older than N days in the daily job.
+MEMORY_RETENTION_DAYS = env_int("MEMORY_RETENTION_DAYS", None, minimum=1)
+# How many memories one search returns (and `preload_memory` puts in front of the model).
+MEMORY_SEARCH_RESULTS = env_int("MEMORY_SEARCH_RESULTS", 10, minimum=1)
+
 # --- Background jobs (django-q2 on the ORM broker) -----------------------------------------------
 
 Q_WORKERS = env_int("Q_WORKERS", 2, minimum=1)

@@ -28,6 +28,8 @@ from google.genai import types
 from agents.adk import refresh_orm_thread_connections, run_coroutine, session_service
 from agents.registry import build_agent, get_agent_spec
 from agents.scripted import ScriptedModelError
+from memory.adk import memory_service
+from memory.services import remember_run
 from runs import services
 from runs.journal import JournalPlugin
 from runs.models import AgentRun, RunStatus
@@ -143,7 +145,7 @@ async def run_agent(run: AgentRun, control: RunControl) -> Outcome:
     session = await sessions.get_session(app_name=spec.name, user_id=run.owner_id, session_id=run.session_id)
     if session is None:
         await sessions.create_session(app_name=spec.name, user_id=run.owner_id, session_id=run.session_id)
-    runner = Runner(app=app, session_service=sessions)
+    runner = Runner(app=app, session_service=sessions, memory_service=memory_service())
     abort_event = asyncio.Event()
     control.attach(asyncio.get_running_loop(), abort_event)
     texts: list[str] = []
@@ -206,11 +208,21 @@ def execute(run_id: uuid.UUID) -> str:
         outcome = Outcome(RunStatus.ERROR, "internal", f"The worker could not run the agent: {type(exc).__name__}: {exc}")
     finally:
         control.stop()
-        services.settle_run(
+        settled = services.settle_run(
             run_id=run_id,
             status=outcome.status,
             error_code=outcome.error_code,
             error_message=outcome.error_message,
             result=outcome.result,
         )
+    if settled and outcome.status == RunStatus.SUCCESS:
+        _remember(run_id)
     return outcome.status
+
+
+def _remember(run_id: uuid.UUID) -> None:
+    # The run has succeeded and is recorded so: failing to remember it must not change that.
+    try:
+        remember_run(run_id=run_id)
+    except Exception:  # noqa: BLE001
+        logger.exception("Run %s: its conversation could not be added to long-term memory", run_id)

@@ -1,0 +1,130 @@
+"""Full-text matching and ranking of memories, one implementation per database.
+
+PostgreSQL: a stored `to_tsvector('english', text)` column behind a GIN index that also holds
+the scope columns, ranked by `ts_rank` with length normalisation. SQLite: an FTS5 table (porter stemming) kept in step with
+`memory_entries` by triggers, ranked by `bm25()`. The query is reduced to its searchable words
+in Python the same way for both (lower case, PostgreSQL's English stop words removed, OR of the
+rest), so the two databases match the same entries and agree on clear winners.
+
+The DDL for both is in memory.fulltext (applied by migration 0002_full_text_search).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import TYPE_CHECKING
+
+from django.db.models import FloatField
+from django.db.models.expressions import RawSQL, Value
+
+from memory.fulltext import PG_VECTOR_COLUMN
+
+if TYPE_CHECKING:
+    from memory.models import MemoryEntryQuerySet
+
+TEXT_SEARCH_CONFIG = "english"
+MAX_QUERY_TERMS = 32
+
+# PostgreSQL's `english` stop-word list (tsearch_data/english.stop). Removing the same words
+# on SQLite keeps "the", "my"… from matching every memory there while PostgreSQL ignores them.
+STOP_WORDS = frozenset(
+    """
+    i me my myself we our ours ourselves you your yours yourself yourselves he him his himself
+    she her hers herself it its itself they them their theirs themselves what which who whom
+    this that these those am is are was were be been being have has had having do does did
+    doing a an the and but if or because as until while of at by for with about against
+    between into through during before after above below to from up down in out on off over
+    under again further then once here there when where why how all any both each few more
+    most other some such no nor not only own same so than too very s t can will just don
+    should now
+    """.split()
+)
+
+_WORD = re.compile(r"\w+")
+
+
+def search_terms(query: str) -> list[str]:
+    """The words of `query` worth searching for, in order, without duplicates."""
+    words = _WORD.findall(unicodedata.normalize("NFC", query or "").lower())
+    terms: list[str] = []
+    for word in words:
+        for piece in word.split("_"):
+            if piece and piece not in STOP_WORDS and piece not in terms:
+                terms.append(piece)
+    return terms[:MAX_QUERY_TERMS]
+
+
+def _vendor(qs: MemoryEntryQuerySet) -> str:
+    from django.db import connections
+
+    return connections[qs.db].vendor
+
+
+# --- PostgreSQL -------------------------------------------------------------------------------------
+
+
+def _pg_vector() -> RawSQL:
+    from django.contrib.postgres.search import SearchVectorField
+
+    # The stored column memory.fulltext adds; unqualified so the expression survives aliasing.
+    return RawSQL(PG_VECTOR_COLUMN, [], output_field=SearchVectorField())
+
+
+def _pg_query(terms: list[str]):
+    from django.contrib.postgres.search import SearchQuery
+
+    # Terms are \w+ runs, so quoting them as tsquery lexemes cannot be escaped out of.
+    return SearchQuery(" | ".join(f"'{term}'" for term in terms), search_type="raw", config=TEXT_SEARCH_CONFIG)
+
+
+# --- SQLite FTS5 --------------------------------------------------------------------------------------
+
+
+def _fts_query(terms: list[str]) -> str:
+    return " OR ".join(f'"{term}"' for term in terms)
+
+
+def _fts_rowids(terms: list[str]) -> RawSQL:
+    return RawSQL("SELECT rowid FROM memory_fts WHERE memory_fts MATCH %s", (_fts_query(terms),))
+
+
+def _fts_rank(terms: list[str]) -> RawSQL:
+    # bm25() only exists inside a query on the FTS table; correlating by rowid keeps the scope
+    # filter on memory_entries in charge of which rows are looked at.
+    return RawSQL(
+        "(SELECT bm25(memory_fts) FROM memory_fts WHERE memory_fts MATCH %s AND memory_fts.rowid = memory_entries.id)",
+        (_fts_query(terms),),
+        output_field=FloatField(),
+    )
+
+
+# --- Entry points ---------------------------------------------------------------------------------------
+
+
+def matching(qs: MemoryEntryQuerySet, query: str) -> MemoryEntryQuerySet:
+    terms = search_terms(query)
+    if not terms:
+        return qs.none()
+    if _vendor(qs) == "postgresql":
+        return qs.alias(search_vector=_pg_vector()).filter(search_vector=_pg_query(terms))
+    return qs.filter(id__in=_fts_rowids(terms))
+
+
+def ranked(qs: MemoryEntryQuerySet, query: str) -> MemoryEntryQuerySet:
+    terms = search_terms(query)
+    if not terms:
+        return qs.none()
+    if _vendor(qs) == "postgresql":
+        from django.contrib.postgres.search import SearchRank
+
+        tsquery = _pg_query(terms)
+        return (
+            qs.alias(search_vector=_pg_vector())
+            .filter(search_vector=tsquery)
+            # Normalisation 1 divides by 1 + log(length), like BM25's length penalty.
+            .alias(rank=SearchRank(_pg_vector(), tsquery, normalization=Value(1)))
+            .order_by("-rank", "-timestamp", "-id")
+        )
+    # bm25() is negative, more negative = more relevant.
+    return qs.alias(rank=_fts_rank(terms)).filter(rank__isnull=False).order_by("rank", "-timestamp", "-id")

@@ -1,0 +1,330 @@
+"""Long-term memory's rules. The ADK memory service, the API, the admin, the command and the
+daily task are doors onto these functions.
+
+What is remembered: the text a user wrote and the text the agent answered, per (agent, owner).
+Tool arguments and results, inline files and anything that looks like base64 are left out:
+they are evidence for the ledger, not something to replay into a prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import unicodedata
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+from google.adk.events.event import Event
+
+from agents.models import AdkEvent
+from agents.registry import UnknownAgentError, get_agent_spec
+from memory.models import MemoryEntry
+from memory.search import search_terms
+from runs.models import AgentRun, RunStatus
+
+logger = logging.getLogger(__name__)
+
+MAX_TEXT_CHARS = 4000
+MAX_SCOPE_CHARS = 128
+MAX_QUERY_CHARS = 2000
+MAX_RESULTS = 100
+OMITTED = "[data omitted]"
+
+_DATA_URL = re.compile(r"data:[\w.+-]+/[\w.+-]+;base64,[A-Za-z0-9+/=]+")
+_LONG_BASE64 = re.compile(r"[A-Za-z0-9+/]{200,}={0,2}")
+
+
+# --- Refusals -----------------------------------------------------------------------------------------
+
+
+class MemoryRefusal(Exception):
+    """A request the memory rules refuse; `code` is the machine-readable reason."""
+
+    code = "invalid"
+    status = 400
+
+    def __init__(self, detail: str):
+        super().__init__(detail)
+        self.detail = detail
+
+
+class MissingScope(MemoryRefusal):
+    code = "missing_scope"
+
+
+class UnknownAgent(MemoryRefusal):
+    code = "unknown_agent"
+
+
+class InvalidQuery(MemoryRefusal):
+    code = "empty_query"
+
+
+class InvalidLimit(MemoryRefusal):
+    code = "invalid_limit"
+
+
+class ScopeNotVisible(MemoryRefusal):
+    code = "not_found"
+    status = 404
+
+
+# --- What gets remembered ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Remembered:
+    event_id: str
+    author: str
+    text: str
+    timestamp: datetime
+    session_id: str = ""
+    run_id: uuid.UUID | None = None
+
+
+def scrub(text: str) -> str:
+    """Drop embedded payloads (data URLs, long base64 runs) and cap the length."""
+    text = _DATA_URL.sub(OMITTED, text)
+    text = _LONG_BASE64.sub(OMITTED, text)
+    text = text.replace("\x00", "").strip()
+    if len(text) > MAX_TEXT_CHARS:
+        text = text[:MAX_TEXT_CHARS].rstrip() + "…"
+    return text
+
+
+def remembered_text(event: Event) -> str:
+    """The text of a user message or a model answer; "" for anything else.
+
+    Function calls, function responses (authored by the agent with role "user"), inline data,
+    thoughts and streamed fragments are not memories.
+    """
+    if event.partial or not event.content or not event.content.parts:
+        return ""
+    role = event.content.role
+    if event.author == "user":
+        if role not in (None, "user"):
+            return ""
+    elif role != "model":
+        return ""
+    texts = [part.text for part in event.content.parts if part.text and not part.thought]
+    return scrub("\n".join(texts))
+
+
+def as_uuid(value: Any) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value)) if value else None
+    except ValueError:
+        return None
+
+
+def _event_time(event: Event) -> datetime:
+    if event.timestamp:
+        return datetime.fromtimestamp(event.timestamp, tz=UTC)
+    return timezone.now()
+
+
+def memories_from_events(
+    events: Iterable[Event], *, session_id: str = "", run_id: uuid.UUID | None = None
+) -> list[Remembered]:
+    items = []
+    for event in events:
+        text = remembered_text(event)
+        if not text:
+            continue
+        event_run = run_id or as_uuid((event.custom_metadata or {}).get("run_id"))
+        event_id = event.id or content_hash(event.author or "", text, str(event.timestamp or ""))
+        items.append(
+            Remembered(
+                event_id=event_id,
+                author=(event.author or "")[:MAX_SCOPE_CHARS],
+                text=text,
+                timestamp=_event_time(event),
+                session_id=session_id,
+                run_id=event_run,
+            )
+        )
+    return items
+
+
+def content_hash(author: str, text: str, when: str = "") -> str:
+    """A stable id for a memory that has no event id, so writing it twice stores it once."""
+    digest = hashlib.sha256(f"{author}\x1f{when}\x1f{text}".encode()).hexdigest()
+    return f"m-{digest[:40]}"
+
+
+# --- Scope ------------------------------------------------------------------------------------------------
+
+
+def _check_scope_value(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise MissingScope(f"{name} is required: memories are kept per agent and per owner.")
+    value = value.strip()
+    if len(value) > MAX_SCOPE_CHARS:
+        raise MissingScope(f"{name} is longer than {MAX_SCOPE_CHARS} characters.")
+    if any(unicodedata.category(ch).startswith("C") for ch in value):
+        raise MissingScope(f"{name} contains control characters.")
+    return value
+
+
+def clean_scope(*, agent: Any, owner_id: Any) -> tuple[str, str]:
+    """Check a scope given by a caller: both parts present, and the agent registered."""
+    missing = [name for name, value in (("agent", agent), ("owner_id", owner_id)) if not (isinstance(value, str) and value.strip())]
+    if missing:
+        raise MissingScope(
+            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required: "
+            "memories are kept per agent and per owner."
+        )
+    agent = _check_scope_value("agent", agent)
+    owner_id = _check_scope_value("owner_id", owner_id)
+    try:
+        get_agent_spec(agent)
+    except UnknownAgentError as exc:
+        raise UnknownAgent(str(exc)) from None
+    return agent, owner_id
+
+
+def clean_query(query: Any) -> str:
+    if not isinstance(query, str) or not query.strip():
+        raise InvalidQuery("q is required: the words to search the memories for.")
+    if len(query) > MAX_QUERY_CHARS:
+        raise InvalidQuery(f"q is {len(query)} characters long; the limit is {MAX_QUERY_CHARS}.")
+    if not search_terms(query):
+        raise InvalidQuery(f"q={query.strip()!r} has no searchable words (only very common words such as 'the').")
+    return query.strip()
+
+
+def clean_limit(limit: Any) -> int | None:
+    if limit is None or limit == "":
+        return None
+    try:
+        number = int(limit)
+    except (TypeError, ValueError):
+        raise InvalidLimit(f"limit={limit!r} is not a whole number.") from None
+    if not 1 <= number <= MAX_RESULTS:
+        raise InvalidLimit(f"limit must be between 1 and {MAX_RESULTS}.")
+    return number
+
+
+def can_see_scope(*, user: Any, agent: str, owner_id: str) -> bool:
+    """The runs' visibility rule applied to memories.
+
+    Staff and holders of runs.view_agentrun see every run, hence every scope; anyone else sees
+    an owner's memories of an agent only if they started at least one run of that agent for
+    that owner.
+    """
+    if user is None or not user.is_authenticated or not user.is_active:
+        return False
+    if user.is_staff or user.has_perm("runs.view_agentrun"):
+        return True
+    return AgentRun.objects.filter(agent_name=agent, owner_id=owner_id, created_by=user).exists()
+
+
+def check_visible(*, user: Any, agent: str, owner_id: str) -> None:
+    if not can_see_scope(user=user, agent=agent, owner_id=owner_id):
+        # The same answer whether the scope is empty, unknown or someone else's.
+        raise ScopeNotVisible(f"No memories of agent {agent!r} for owner {owner_id!r} are visible to you.")
+
+
+# --- Writing ----------------------------------------------------------------------------------------------
+
+
+def ingest(*, agent: str, owner_id: str, items: Sequence[Remembered]) -> int:
+    """Store the items in the scope; an event already stored is skipped. Returns how many are new."""
+    if not items:
+        return 0
+    scoped = MemoryEntry.objects.for_scope(agent=agent, owner_id=owner_id)
+    by_event = {item.event_id: item for item in items}
+    known = set(scoped.filter(event_id__in=list(by_event)).values_list("event_id", flat=True))
+    rows = [
+        MemoryEntry(
+            agent_name=agent,
+            owner_id=owner_id,
+            event_id=item.event_id,
+            author=item.author,
+            text=item.text,
+            session_id=item.session_id,
+            run_id=item.run_id,
+            timestamp=item.timestamp,
+        )
+        for event_id, item in by_event.items()
+        if event_id not in known
+    ]
+    # The unique constraint settles a race with a concurrent writer of the same events.
+    MemoryEntry.objects.bulk_create(rows, ignore_conflicts=True)
+    return len(rows)
+
+
+def remember_run(*, run_id: uuid.UUID) -> int:
+    """Add what a successful run's user and agent said to the memory of its (agent, owner).
+
+    Idempotent: feeding the same run again stores nothing new. Runs that did not succeed are
+    not remembered.
+    """
+    run = AgentRun.objects.get(pk=run_id)
+    if run.status != RunStatus.SUCCESS:
+        return 0
+    rows = AdkEvent.objects.filter(
+        app_name=run.agent_name,
+        user_id=run.owner_id,
+        session_id=run.session_id,
+        invocation_id=run.invocation_id,
+    ).order_by("timestamp", "id")
+    events = [Event.model_validate({**row.event_data, "id": row.id}) for row in rows if row.event_data]
+    items = memories_from_events(events, session_id=run.session_id, run_id=run.run_id)
+    added = ingest(agent=run.agent_name, owner_id=run.owner_id, items=items)
+    logger.info("Run %s: %d new memories for %s/%s", run_id, added, run.agent_name, run.owner_id)
+    return added
+
+
+# --- Reading ----------------------------------------------------------------------------------------------
+
+
+def search_memories(*, agent: str, owner_id: str, query: str, limit: int | None = None) -> list[MemoryEntry]:
+    """The scope's memories most relevant to `query`, best first (at most `limit`)."""
+    limit = settings.MEMORY_SEARCH_RESULTS if limit is None else max(1, min(limit, MAX_RESULTS))
+    return MemoryEntry.objects.for_scope(agent=agent, owner_id=owner_id).search(query, limit=limit)
+
+
+# --- Forgetting -------------------------------------------------------------------------------------------
+
+
+def delete_memory(*, agent: str, owner_id: str, memory_id: str) -> int:
+    """Delete one memory of the scope by the id search results carry."""
+    deleted, _ = MemoryEntry.objects.for_scope(agent=agent, owner_id=owner_id).filter(event_id=memory_id).delete()
+    return deleted
+
+
+def forget_owner(*, owner_id: str, agent: str | None = None) -> int:
+    """Delete every memory of an owner (of one agent, or of all). Returns how many went."""
+    owner_id = _check_scope_value("owner_id", owner_id)
+    entries = MemoryEntry.objects.filter(owner_id=owner_id)
+    if agent is not None:
+        entries = entries.filter(agent_name=_check_scope_value("agent", agent))
+    deleted, _ = entries.delete()
+    logger.info("Forgot %d memories of owner %r%s", deleted, owner_id, f" (agent {agent})" if agent else "")
+    return deleted
+
+
+def prune_memories(*, now: datetime | None = None, retention_days: int | None = None) -> int:
+    """Delete memories older than MEMORY_RETENTION_DAYS, in batches; unset keeps them for ever."""
+    days = settings.MEMORY_RETENTION_DAYS if retention_days is None else retention_days
+    if not days:
+        return 0
+    cutoff = (now or timezone.now()) - timedelta(days=days)
+    batch = settings.PURGE_BATCH_SIZE
+    total = 0
+    while True:
+        ids = list(MemoryEntry.objects.older_than(cutoff).order_by().values_list("id", flat=True)[:batch])
+        if not ids:
+            break
+        deleted, _ = MemoryEntry.objects.filter(id__in=ids).delete()
+        total += deleted
+    if total:
+        logger.info("Pruned %d memories older than %s", total, cutoff.isoformat())
+    return total
