@@ -2,7 +2,10 @@ from django.contrib import admin
 from django.urls import path
 from django.views.generic import RedirectView
 
+from runs.chat_views import chat_turn
+
 urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
     path("admin/", admin.site.urls),
+    path("api/chat/", chat_turn, name="chat"),
 ]
