@@ -20,6 +20,7 @@ import logging
 import random
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,16 +129,17 @@ class RetryingLlm(BaseLlm):
             held: list[LlmResponse] = []
             yielded = False
             try:
-                async for response in self.inner.generate_content_async(llm_request, stream=stream):
-                    if not yielded and response.error_code is None and not has_meaningful_content(response):
-                        # Nothing to act on yet: hold it back, so an empty turn can still be retried.
-                        held.append(response)
-                        continue
-                    for earlier in held:
-                        yield earlier
-                    held.clear()
-                    yielded = True
-                    yield response
+                async with aclosing(self.inner.generate_content_async(llm_request, stream=stream)) as responses:
+                    async for response in responses:
+                        if not yielded and response.error_code is None and not has_meaningful_content(response):
+                            # Nothing to act on yet: hold it back, so an empty turn can still be retried.
+                            held.append(response)
+                            continue
+                        for earlier in held:
+                            yield earlier
+                        held.clear()
+                        yielded = True
+                        yield response
                 if not yielded:
                     raise _Empty()
                 return

@@ -8,7 +8,7 @@ view is not a DRF view because DRF's views cannot stream from an async generator
 Stream: `event: run` (ids of the run, conversation and session), one `event: adk` per ADK event
 (the event as JSON, camelCase), `event: done` (the settled run: status, error, result, tools).
 Comment lines (`: keepalive`) keep idle connections open while a tool works. Refusals before
-the stream are JSON `{"code", "detail", ...}` with 400, 401, 403, 404, 405 or 409.
+the stream are JSON `{"code", "detail", ...}` with 400, 401, 403, 404, 405, 409 or 413.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.core.exceptions import ValidationError
+from django.core.exceptions import RequestDataTooBig, ValidationError
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions as drf_exceptions
@@ -138,6 +138,12 @@ async def chat_turn(request: HttpRequest):
         body = _parse(request)
     except ValidationError as exc:
         return _invalid(exc)
+    except RequestDataTooBig:
+        return refusal(
+            413,
+            "too_large",
+            f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes (DATA_UPLOAD_MAX_MEMORY_SIZE).",
+        )
 
     starting = asyncio.ensure_future(
         sync_to_async(chat.begin_turn)(

@@ -442,3 +442,11 @@ def test_a_replay_shaped_run_of_a_chat_turn_uses_its_own_session_and_leaves_the_
     assert replay.status == RunStatus.SUCCESS
     assert AdkEvent.objects.filter(session_id=turn.session_id).count() == conversation_events
     assert _session_user_messages(replay.session_id) == ["Email Jane."]
+
+
+def test_a_body_over_the_upload_limit_is_a_413(client, alice_token, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    response = _post(client, dict(VALID, message="x" * 2000), alice_token)
+    assert response.status_code == 413
+    assert response.json()["code"] == "too_large"
+    assert not AgentRun.objects.exists()
