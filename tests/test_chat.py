@@ -82,8 +82,8 @@ def bob_token(bob) -> str:
     return Token.objects.create(user=bob).key
 
 
-def _frames(response: httpx.Response):
-    """Parse a server-sent event stream into (event, data) pairs; comments are skipped."""
+def _frames(response: httpx.Response, *, comments: bool = False):
+    """Parse a server-sent event stream into (event, data) pairs; comments only if asked for."""
     event, data = None, []
     for line in response.iter_lines():
         if line == "":
@@ -91,7 +91,8 @@ def _frames(response: httpx.Response):
                 yield event, json.loads("\n".join(data))
             event, data = None, []
         elif line.startswith(":"):
-            continue
+            if comments:
+                yield ":", line[1:].strip()
         elif line.startswith("event: "):
             event = line[len("event: "):]
         elif line.startswith("data: "):
@@ -202,9 +203,10 @@ def test_a_client_that_disconnects_cancels_its_run_and_the_server_keeps_serving(
             json={"agent": "support", "owner_id": "jane", "message": "Email Jane.", "params": script_params(HANG, SAY_DONE)},
             headers={"Authorization": f"Token {alice_token}"},
         ) as response:
-            frames = _frames(response)
-            _, started = next(frames)
-            _, call = next(frames)
+            frames = _frames(response, comments=True)
+            events = ((kind, data) for kind, data in frames if kind != ":")
+            _, started = next(events)
+            _, call = next(events)
             assert call["content"]["parts"][0]["functionCall"]["name"] == "send_email"
 
             # While the tool hangs, the same conversation refuses a second turn.
@@ -218,6 +220,9 @@ def test_a_client_that_disconnects_cancels_its_run_and_the_server_keeps_serving(
             assert busy.status_code == 409
             assert busy.json()["code"] == "conversation_busy"
             assert busy.json()["run_id"] == started["run_id"]
+
+            # The idle stream carries keepalive comments while the tool works.
+            assert next(frames) == (":", "keepalive")
         # Leaving the blocks closes the connection in the middle of the stream.
 
     run = _wait_settled(started["run_id"])
