@@ -12,9 +12,12 @@ from typing import Any
 
 from django.conf import settings
 from google.adk.agents import LlmAgent
+from google.adk.models.base_llm import BaseLlm
+from google.adk.models.registry import LLMRegistry
 from google.adk.tools import preload_memory
 
 from agents import tools
+from agents.retrying import RetryingLlm
 from agents.scripted import ScriptedLlm, validate_script
 
 
@@ -92,12 +95,15 @@ def validate_params(spec: AgentSpec, params: dict) -> None:
         )
 
 
-def build_model(spec: AgentSpec, params: dict) -> Any:
+def build_model(spec: AgentSpec, params: dict) -> RetryingLlm:
+    """The agent's model, wrapped so rate limits and empty turns are retried at the call."""
     if uses_scripted_model():
         script = params.get("script") or list(spec.default_script)
-        return ScriptedLlm(script=script)
-    # With GOOGLE_API_KEY set, ADK resolves a Gemini model name itself; scripts are ignored.
-    return settings.AGENT_MODEL
+        inner: BaseLlm = ScriptedLlm(script=script)
+    else:
+        # With GOOGLE_API_KEY set, ADK's registry resolves the Gemini model; scripts are ignored.
+        inner = LLMRegistry.new_llm(settings.AGENT_MODEL)
+    return RetryingLlm(inner=inner)
 
 
 def build_agent(spec: AgentSpec, *, params: dict) -> LlmAgent:

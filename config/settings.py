@@ -222,6 +222,17 @@ MEMORY_RETENTION_DAYS = env_int("MEMORY_RETENTION_DAYS", None, minimum=1)
 # How many memories one search returns (and `preload_memory` puts in front of the model).
 MEMORY_SEARCH_RESULTS = env_int("MEMORY_SEARCH_RESULTS", 10, minimum=1)
 
+# Retries at the model-call boundary (agents/retrying.py): a rate-limited or empty model call is
+# sent again only while nothing from it has reached the agent, so no tool can run twice.
+MODEL_RATE_LIMIT_RETRIES = env_int("MODEL_RATE_LIMIT_RETRIES", 2, minimum=0)
+MODEL_RETRY_BASE_DELAY_SECONDS = env_float("MODEL_RETRY_BASE_DELAY_SECONDS", 1.0, minimum=0)
+MODEL_RETRY_MAX_WAIT_SECONDS = env_float("MODEL_RETRY_MAX_WAIT_SECONDS", 60.0, minimum=0)
+EMPTY_TURN_RETRIES = env_int("EMPTY_TURN_RETRIES", 1, minimum=0)
+
+# Chat turns streamed as server-sent events: a comment line keeps idle proxies from closing
+# the stream while a tool works.
+CHAT_KEEPALIVE_SECONDS = env_float("CHAT_KEEPALIVE_SECONDS", 15.0, minimum=0.1)
+
 # --- Background jobs (django-q2 on the ORM broker) -----------------------------------------------
 
 Q_WORKERS = env_int("Q_WORKERS", 2, minimum=1)

@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from runs.models import AgentRun, ToolCall
 
@@ -31,6 +31,24 @@ def tools_label(run: AgentRun) -> str:
     if run.tools_executed is None:
         return "unknown"
     return ", ".join(run.tools_executed) or "none"
+
+
+def retries_label(run: AgentRun) -> str:
+    """The model calls retried at the boundary (rate limits, empty turns), one line each."""
+    entries = run.model_retries or []
+    if not entries:
+        return "none"
+    lines = []
+    for entry in entries:
+        reason = str(entry.get("reason", "?")).replace("_", " ")
+        waited = f", waited {entry['waited_s']:g} s" if entry.get("waited_s") else ""
+        lines.append((reason, entry.get("attempt", "?"), waited, entry.get("at", "")))
+    count = f"{len(entries)} retr{'y' if len(entries) == 1 else 'ies'}"
+    return format_html(
+        "{}:<ul>{}</ul>",
+        count,
+        format_html_join("", "<li>{} (attempt {}{}) at {}</li>", lines),
+    )
 
 
 @admin.register(AgentRun)
@@ -82,7 +100,7 @@ class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "worker",
         "cancel_requested_at",
         "late_outcome",
-        "model_retries",
+        "model_retries_summary",
     ]
     fieldsets = [
         (None, {"fields": ["run_id", "status", "agent_name", "trigger", "owner_id", "created_by"]}),
@@ -102,7 +120,7 @@ class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                     "heartbeat_at",
                     "finished_at",
                     "cancel_requested_at",
-                    "model_retries",
+                    "model_retries_summary",
                 ]
             },
         ),
@@ -111,6 +129,10 @@ class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     @admin.display(description="tools called")
     def tools_called(self, run: AgentRun) -> str:
         return tools_label(run)
+
+    @admin.display(description="model retries")
+    def model_retries_summary(self, run: AgentRun) -> str:
+        return retries_label(run)
 
     @admin.display(description="replay of", ordering="replay_of")
     def replay_of_link(self, run: AgentRun) -> str:

@@ -4,6 +4,10 @@ The agent runs on the process's long-lived agent loop (`agents.adk.run_coroutine
 heartbeat runs in a plain thread, so a tool that blocks the loop cannot make a live run look
 dead, and it carries cancellation and the run's time limit back into the loop as ADK's abort
 signal, which seals pending calls instead of leaving them dangling.
+
+Two doors share one implementation: `execute()` for the django-q2 worker (the agent runs on the
+process's agent loop) and `aexecute()` for a chat turn streamed by the ASGI server (the agent
+runs on the server's own loop). Both claim, beat, run and settle in the same way.
 """
 
 from __future__ import annotations
@@ -14,19 +18,23 @@ import mimetypes
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections, connection
 from google.adk.agents.run_config import RunConfig
 from google.adk.apps import App
+from google.adk.events.event import Event
 from google.adk.runners import Runner
 from google.genai import errors as genai_errors
 from google.genai import types
 
 from agents.adk import refresh_orm_thread_connections, run_coroutine, session_service
 from agents.registry import build_agent, get_agent_spec
+from agents.retrying import EMPTY_TURN, RATE_LIMIT, RetryLog, current_retry_log, is_rate_limit
 from agents.scripted import ScriptedModelError
 from memory.adk import memory_service
 from memory.services import remember_run
@@ -119,16 +127,35 @@ def _final_text(event) -> str:
     return "".join(part.text or "" for part in event.content.parts if not getattr(part, "thought", False))
 
 
-def describe_exception(exc: BaseException, plugin: JournalPlugin) -> Outcome:
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def rate_limit_message(exc: genai_errors.ClientError, retries: RetryLog | None) -> str:
+    said = f"The model provider rate-limited the run (429 {exc.status or 'RESOURCE_EXHAUSTED'})"
+    gave_up = retries.gave_up if retries is not None else None
+    if not gave_up or gave_up.get("reason") != RATE_LIMIT:
+        return f"{said} in the middle of an answer, which cannot be retried safely."
+    count = gave_up["retries"]
+    if gave_up.get("over_max_wait"):
+        return (
+            f"{said}; the model call was retried {_plural(count, 'time')}, then the provider's "
+            f"next wait of {gave_up['next_delay_s']:g} s would have passed "
+            f"MODEL_RETRY_MAX_WAIT_SECONDS={settings.MODEL_RETRY_MAX_WAIT_SECONDS:g}, so it gave up."
+        )
+    return (
+        f"{said} and was still rate limited after the model call was retried "
+        f"{_plural(count, 'time')} over {gave_up['waited_s']:g} s "
+        f"(MODEL_RATE_LIMIT_RETRIES={settings.MODEL_RATE_LIMIT_RETRIES})."
+    )
+
+
+def describe_exception(exc: BaseException, plugin: JournalPlugin, retries: RetryLog | None = None) -> Outcome:
     tool_error = next((e for e in plugin.tool_errors.values() if e is exc), None)
     if tool_error is not None:
         return Outcome(RunStatus.ERROR, "tool_failed", f"A tool failed: {type(exc).__name__}: {exc}")
-    if isinstance(exc, genai_errors.ClientError) and exc.code == 429:
-        return Outcome(
-            RunStatus.ERROR,
-            "rate_limited",
-            f"The model provider rate-limited the run (429 {exc.status or 'RESOURCE_EXHAUSTED'}).",
-        )
+    if is_rate_limit(exc):
+        return Outcome(RunStatus.ERROR, "rate_limited", rate_limit_message(exc, retries))
     if isinstance(exc, genai_errors.APIError | ScriptedModelError):
         return Outcome(RunStatus.ERROR, "model_error", f"The model call failed: {exc}")
     return Outcome(RunStatus.ERROR, "agent_error", f"{type(exc).__name__}: {exc}")
@@ -137,9 +164,37 @@ def describe_exception(exc: BaseException, plugin: JournalPlugin) -> Outcome:
 EMPTY_TURN_MESSAGE = "The model returned an empty answer, so the run stopped without a result."
 
 
-async def run_agent(run: AgentRun, control: RunControl) -> Outcome:
+def empty_turn_message(retries: RetryLog) -> str:
+    gave_up = retries.gave_up or {}
+    count = gave_up.get("retries", 0) if gave_up.get("reason") == EMPTY_TURN else 0
+    if not count:
+        return EMPTY_TURN_MESSAGE
+    return (
+        f"The model returned an empty answer {count + 1} times in a row (it was asked again "
+        f"{_plural(count, 'time')}, EMPTY_TURN_RETRIES={settings.EMPTY_TURN_RETRIES}), so the run "
+        "stopped without a result."
+    )
+
+
+CLIENT_DISCONNECTED = "client_disconnected"
+
+
+def retry_log_for(run: AgentRun) -> RetryLog:
+    async def store(entries: list[dict]) -> None:
+        await AgentRun.objects.filter(pk=run.run_id).aupdate(model_retries=entries)
+
+    return RetryLog(on_change=store)
+
+
+async def run_agent(
+    run: AgentRun, control: RunControl, *, on_event: Callable[[Event], None] | None = None
+) -> Outcome:
+    """Run the agent for `run` and return its outcome; `on_event` sees every event ADK yields."""
     spec = get_agent_spec(run.agent_name)
     plugin = JournalPlugin(run.run_id)
+    retries = retry_log_for(run)
+    # Set before ADK creates its tasks, which copy the context: every model call finds the log.
+    log_token = current_retry_log.set(retries)
     app = App(name=spec.name, root_agent=build_agent(spec, params=run.params), plugins=[plugin])
     sessions = session_service()
     session = await sessions.get_session(app_name=spec.name, user_id=run.owner_id, session_id=run.session_id)
@@ -159,6 +214,8 @@ async def run_agent(run: AgentRun, control: RunControl) -> Outcome:
             run_config=RunConfig(custom_metadata={"run_id": str(run.run_id)}),
             abort_signal=abort_event,
         ):
+            if on_event is not None:
+                on_event(event)
             if event.partial:
                 continue
             if event.error_code:
@@ -170,12 +227,17 @@ async def run_agent(run: AgentRun, control: RunControl) -> Outcome:
     except Exception as exc:  # noqa: BLE001 - every failure becomes the run's recorded outcome
         if control.abort_reason is None:
             logger.info("Run %s failed: %r", run.run_id, exc)
-            return describe_exception(exc, plugin)
+            return describe_exception(exc, plugin, retries)
     finally:
+        current_retry_log.reset(log_token)
         await runner.close()
 
     if control.abort_reason == "cancel_requested":
         return Outcome(RunStatus.CANCELLED, "cancelled", "The run was cancelled on request.")
+    if control.abort_reason == CLIENT_DISCONNECTED:
+        return Outcome(
+            RunStatus.CANCELLED, CLIENT_DISCONNECTED, "The chat client disconnected, so the run was cancelled."
+        )
     if control.abort_reason == "timeout":
         return Outcome(
             RunStatus.ERROR,
@@ -185,39 +247,35 @@ async def run_agent(run: AgentRun, control: RunControl) -> Outcome:
     if last_error is not None:
         code, message = last_error
         if code == "MODEL_RETURNED_NO_CONTENT":
-            return Outcome(RunStatus.ERROR, "empty_turn", EMPTY_TURN_MESSAGE)
+            return Outcome(RunStatus.ERROR, "empty_turn", empty_turn_message(retries))
         if code != "INVOCATION_ABORTED":
             return Outcome(RunStatus.ERROR, code.lower()[:64], message or code)
     return Outcome(RunStatus.SUCCESS, result="\n".join(texts))
 
 
-def execute(run_id: uuid.UUID) -> str:
-    """Claim and run one run; safe to call twice (the second call finds nothing to claim)."""
+INTERNAL_OUTCOME = Outcome(RunStatus.ERROR, "internal", "The worker stopped before the run finished.")
+
+
+def begin(run_id: uuid.UUID, control: RunControl) -> bool:
+    """Claim the run and start its heartbeat; False if it was no longer queued."""
     if not services.claim_run(run_id=run_id, worker=services.worker_name()):
         logger.info("Run %s was not claimed: it is no longer queued", run_id)
-        return "not claimed"
-    refresh_orm_thread_connections()
-    control = RunControl(run_id)
-    outcome = Outcome(RunStatus.ERROR, "internal", "The worker stopped before the run finished.")
+        return False
     control.start()
-    try:
-        run = AgentRun.objects.get(pk=run_id)
-        outcome = run_coroutine(run_agent(run, control))
-    except Exception as exc:  # noqa: BLE001
-        logger.exception("Run %s: execution failed", run_id)
-        outcome = Outcome(RunStatus.ERROR, "internal", f"The worker could not run the agent: {type(exc).__name__}: {exc}")
-    finally:
-        control.stop()
-        settled = services.settle_run(
-            run_id=run_id,
-            status=outcome.status,
-            error_code=outcome.error_code,
-            error_message=outcome.error_message,
-            result=outcome.result,
-        )
+    return True
+
+
+def finish(run_id: uuid.UUID, control: RunControl, outcome: Outcome) -> None:
+    control.stop()
+    settled = services.settle_run(
+        run_id=run_id,
+        status=outcome.status,
+        error_code=outcome.error_code,
+        error_message=outcome.error_message,
+        result=outcome.result,
+    )
     if settled and outcome.status == RunStatus.SUCCESS:
         _remember(run_id)
-    return outcome.status
 
 
 def _remember(run_id: uuid.UUID) -> None:
@@ -226,3 +284,47 @@ def _remember(run_id: uuid.UUID) -> None:
         remember_run(run_id=run_id)
     except Exception:  # noqa: BLE001
         logger.exception("Run %s: its conversation could not be added to long-term memory", run_id)
+
+
+async def run_claimed(
+    run_id: uuid.UUID, control: RunControl, *, on_event: Callable[[Event], None] | None = None
+) -> Outcome:
+    try:
+        run = await AgentRun.objects.aget(pk=run_id)
+        return await run_agent(run, control, on_event=on_event)
+    except Exception as exc:  # noqa: BLE001
+        logger.exception("Run %s: execution failed", run_id)
+        return Outcome(RunStatus.ERROR, "internal", f"The worker could not run the agent: {type(exc).__name__}: {exc}")
+
+
+def execute(run_id: uuid.UUID) -> str:
+    """Claim and run one run; safe to call twice (the second call finds nothing to claim)."""
+    control = RunControl(run_id)
+    if not begin(run_id, control):
+        return "not claimed"
+    outcome = INTERNAL_OUTCOME
+    try:
+        refresh_orm_thread_connections()
+        outcome = run_coroutine(run_claimed(run_id, control))
+    finally:
+        finish(run_id, control, outcome)
+    return outcome.status
+
+
+async def aexecute(
+    run_id: uuid.UUID, control: RunControl, *, on_event: Callable[[Event], None] | None = None
+) -> Outcome | None:
+    """Claim and run one run on the running event loop; None if it was no longer queued.
+
+    The caller keeps `control` to abort the run (e.g. when its client goes away).
+    """
+    if not await sync_to_async(begin)(run_id, control):
+        return None
+    outcome = INTERNAL_OUTCOME
+    try:
+        await sync_to_async(close_old_connections)()
+        outcome = await run_claimed(run_id, control, on_event=on_event)
+    finally:
+        await sync_to_async(finish)(run_id, control, outcome)
+    return outcome
+

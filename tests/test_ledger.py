@@ -142,7 +142,8 @@ def test_parallel_calls_are_journaled_as_separate_rows():
     assert run.tool_calls.count() == 2
 
 
-def test_empty_turn_is_an_error_a_person_understands():
+def test_empty_turn_is_an_error_a_person_understands(settings):
+    settings.EMPTY_TURN_RETRIES = 0  # retried empty turns are covered in test_retries.py
     run = run_now(params=script_params({"empty": True}))
 
     assert run.status == RunStatus.ERROR

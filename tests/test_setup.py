@@ -39,6 +39,9 @@ def _django_setup_with(**env: str) -> subprocess.CompletedProcess:
         ("DATABASE_URL", "nonsense://", "DATABASE_URL='nonsense://'"),
         ("RUN_HEARTBEAT_SECONDS", "40", "more than twice"),
         ("AGENT_MODEL", "gemini-2.5-flash", "needs GOOGLE_API_KEY"),
+        ("MODEL_RATE_LIMIT_RETRIES", "-1", "MODEL_RATE_LIMIT_RETRIES=-1 is too small"),
+        ("EMPTY_TURN_RETRIES", "once", "EMPTY_TURN_RETRIES='once' is not a whole number"),
+        ("MODEL_RETRY_MAX_WAIT_SECONDS", "a minute", "MODEL_RETRY_MAX_WAIT_SECONDS='a minute'"),
     ],
 )
 def test_a_bad_setting_stops_start_up_naming_the_variable(name, value, words):

@@ -8,6 +8,15 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 
+def web_command(*, host: str, port: int, workers: int = 1) -> list[str]:
+    """The ASGI server: async views stream, and a client that leaves is noticed (and its chat
+    turn cancelled), which a WSGI server cannot do."""
+    return [
+        sys.executable, "-m", "uvicorn", "config.asgi:application",
+        "--host", host, "--port", str(port), "--workers", str(workers), "--lifespan", "off",
+    ]
+
+
 class Command(BaseCommand):
     help = (
         "Serve the app (ASGI, uvicorn) and its django-q2 worker together until Ctrl-C. "
@@ -22,11 +31,7 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         python = sys.executable
         commands = {
-            "web": [
-                python, "-m", "uvicorn", "config.asgi:application",
-                "--host", options["host"], "--port", str(options["port"]),
-                "--workers", str(options["web_workers"]), "--lifespan", "off",
-            ],
+            "web": web_command(host=options["host"], port=options["port"], workers=options["web_workers"]),
             "worker": [python, "manage.py", "qcluster"],
         }
         processes = {

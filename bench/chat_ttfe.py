@@ -1,0 +1,181 @@
+"""Time to first streamed event of a chat turn: through the live server vs the ADK runner in-process.
+
+    python bench/chat_ttfe.py [--turns 40] [--database-url postgres://…]
+
+The server path is what a client sees: an HTTP POST to `/api/chat/` on the ASGI server that
+`manage.py serve` starts (token authentication, the run written before it executes, the claim,
+the heartbeat, the journal, the retrying model), timed from sending the request to receiving the
+first ADK event of the stream. Its peer calls ADK's runner directly in this process with the same
+agent and the same script on the same database, timed from creating the session to the first
+event. Both play the same script and read their whole turn. Without --database-url the
+benchmark uses a fresh SQLite file in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(BASE_DIR))
+
+SCRIPT = [
+    {"call": "lookup_customer", "args": {"email": "jane@example.com"}},
+    {"say": "Jane is a customer on the pro plan."},
+]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def configure(database_url: str | None, var_dir: Path) -> dict[str, str]:
+    env = {
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "DATABASE_URL": database_url or f"sqlite:///{var_dir / 'bench.sqlite3'}",
+        "VAR_DIR": str(var_dir),
+        "EMAIL_BACKEND": "django.core.mail.backends.locmem.EmailBackend",
+        "LOG_LEVEL": "WARNING",
+        "DEBUG": "false",
+    }
+    os.environ.update(env)
+    return env
+
+
+def server_turn(url: str, token: str) -> tuple[float, float]:
+    import httpx
+
+    body = {"agent": "support", "owner_id": f"bench-{uuid.uuid4().hex[:8]}", "message": "Who is Jane?",
+            "params": {"script": SCRIPT}}
+    first = head = None
+    with httpx.Client(timeout=30) as client:
+        started = time.perf_counter()
+        with client.stream("POST", f"{url}/api/chat/", json=body, headers={"Authorization": f"Token {token}"}) as r:
+            if r.status_code != 200:
+                raise SystemExit(f"the server refused the turn: {r.status_code} {r.read()!r}")
+            for line in r.iter_lines():
+                if head is None and line == "event: run":
+                    head = time.perf_counter() - started
+                if first is None and line == "event: adk":
+                    first = time.perf_counter() - started
+            # The whole stream is read, as a client would.
+    if first is None:
+        raise SystemExit("the stream carried no ADK event")
+    return first, head
+
+
+async def direct_turn() -> float:
+    from google.adk.agents.run_config import RunConfig
+    from google.adk.apps import App
+    from google.adk.runners import Runner
+    from google.genai import types
+
+    from agents.adk import session_service
+    from agents.registry import build_agent, get_agent_spec
+
+    spec = get_agent_spec("support")
+    owner, session_id = f"bench-{uuid.uuid4().hex[:8]}", str(uuid.uuid4())
+    runner = Runner(app=App(name=spec.name, root_agent=build_agent(spec, params={"script": SCRIPT})),
+                    session_service=session_service())
+    first = None
+    started = time.perf_counter()
+    await session_service().create_session(app_name=spec.name, user_id=owner, session_id=session_id)
+    message = types.Content(role="user", parts=[types.Part(text="Who is Jane?")])
+    async for _event in runner.run_async(user_id=owner, session_id=session_id, new_message=message,
+                                         run_config=RunConfig()):
+        if first is None:
+            first = time.perf_counter() - started
+    await runner.close()
+    return first
+
+
+def summary(name: str, values: list[float]) -> str:
+    ms = [v * 1000 for v in values]
+    return (f"{name:<28} median {statistics.median(ms):7.1f} ms   p95 {percentile(ms, 0.95):7.1f} ms   "
+            f"min {min(ms):6.1f} ms   (n={len(ms)})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--database-url", default=None)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="chat-ttfe-") as tmp:
+        env = configure(args.database_url, Path(tmp))
+        import django
+
+        django.setup()
+        from django.contrib.auth import get_user_model
+        from django.core.management import call_command
+        from rest_framework.authtoken.models import Token
+
+        from agents.adk import release_process_resources, run_coroutine
+        from runs.management.commands.serve import web_command
+
+        call_command("migrate", verbosity=0)
+        user, _ = get_user_model().objects.get_or_create(username="bench")
+        token = Token.objects.get_or_create(user=user)[0].key
+
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        server = subprocess.Popen(web_command(host="127.0.0.1", port=port) + ["--no-access-log"], cwd=BASE_DIR,
+                                  env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            import httpx
+
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    httpx.get(f"{url}/admin/login/", timeout=2)
+                    break
+                except httpx.TransportError:
+                    if server.poll() is not None or time.monotonic() > deadline:
+                        raise SystemExit(f"the server did not start: {server.stderr.read().decode()[-2000:]}")
+                    time.sleep(0.2)
+
+            for _ in range(args.warmup):
+                server_turn(url, token)
+                run_coroutine(direct_turn())
+            via_server, heads, direct = [], [], []
+            # Interleaved, so both paths see the same machine load.
+            for _ in range(args.turns):
+                first, head = server_turn(url, token)
+                via_server.append(first)
+                heads.append(head)
+                direct.append(run_coroutine(direct_turn()))
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+            release_process_resources()
+
+    from django.db import connection
+
+    print(f"Time to first streamed event of a chat turn ({connection.vendor}, script: lookup_customer then say)")
+    print(summary("live server (HTTP, SSE)", via_server))
+    print(summary("  of which: run written, 1st byte", heads))
+    print(summary("ADK runner in-process", direct))
+    ratio_median = statistics.median(via_server) / statistics.median(direct)
+    ratio_p95 = percentile(via_server, 0.95) / percentile(direct, 0.95)
+    print(f"ratio server/direct: median {ratio_median:.2f}x   p95 {ratio_p95:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""`POST /api/chat/`: one chat turn, streamed as server-sent events.
+
+An async view, so that under ASGI the turn runs on the server's event loop and Django notices
+a client that goes away (it cancels the response, and the turn is aborted). Authentication
+follows DRF's TokenAuthentication and SessionAuthentication (with its CSRF check) exactly; the
+view is not a DRF view because DRF's views cannot stream from an async generator.
+
+Stream: `event: run` (ids of the run, conversation and session), one `event: adk` per ADK event
+(the event as JSON, camelCase), `event: done` (the settled run: status, error, result, tools).
+Comment lines (`: keepalive`) keep idle connections open while a tool works. Refusals before
+the stream are JSON `{"code", "detail", ...}` with 400, 401, 403, 404, 405, 409 or 413.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig, ValidationError
+from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from rest_framework import exceptions as drf_exceptions
+from rest_framework.authentication import SessionAuthentication, TokenAuthentication, get_authorization_header
+
+from runs import chat
+from runs.models import AgentRun
+
+logger = logging.getLogger(__name__)
+
+FIELDS = {"agent", "owner_id", "message", "conversation_id", "params"}
+
+
+def refusal(status: int, code: str, detail: str, **context: Any) -> JsonResponse:
+    response = JsonResponse({"code": code, "detail": detail, **context}, status=status)
+    if status == 401:
+        response["WWW-Authenticate"] = TokenAuthentication.keyword
+    return response
+
+
+async def authenticate(request: HttpRequest):
+    """The user, as DRF's Token then Session authentication would find them; raises DRF's errors."""
+    token_auth = TokenAuthentication()
+    header = get_authorization_header(request).split()
+    if header and header[0].lower() == token_auth.keyword.lower().encode():
+        user, _token = await sync_to_async(token_auth.authenticate)(request)
+        return user
+    user = await request.auser()
+    if user is not None and user.is_authenticated and user.is_active:
+        SessionAuthentication().enforce_csrf(request)
+        return user
+    raise drf_exceptions.NotAuthenticated()
+
+
+def _parse(request: HttpRequest) -> dict:
+    try:
+        body = json.loads(request.body or b"")
+    except (ValueError, UnicodeDecodeError):
+        raise ValidationError({"body": "The body must be a JSON object (Content-Type: application/json)."}) from None
+    if not isinstance(body, dict):
+        raise ValidationError({"body": "The body must be a JSON object."})
+    unknown = sorted(set(body) - FIELDS)
+    if unknown:
+        raise ValidationError({"body": f"Unknown field(s): {', '.join(unknown)}. Expected: {', '.join(sorted(FIELDS))}."})
+    return body
+
+
+def _invalid(exc: ValidationError) -> JsonResponse:
+    errors = exc.message_dict
+    detail = " ".join(message for messages in errors.values() for message in messages)
+    return refusal(400, "invalid", detail, errors=errors)
+
+
+class ChatStream(StreamingHttpResponse):
+    """The streamed turn. Django closes every response it started, even one whose body never
+    began because the client left first: that is the last chance to abandon the turn."""
+
+    def __init__(self, turn: chat.ChatTurn):
+        self.turn = turn
+        super().__init__(self._frames(), content_type="text/event-stream; charset=utf-8")
+        self["Cache-Control"] = "no-cache"
+        self["X-Accel-Buffering"] = "no"  # nginx would otherwise buffer the stream
+        self["X-Run-Id"] = str(turn.run.run_id)
+        self["X-Conversation-Id"] = turn.run.conversation_id
+
+    def close(self) -> None:
+        self.turn.abandon()
+        super().close()
+
+    async def _frames(self):
+        turn = self.turn
+        run = turn.run
+        try:
+            yield chat.sse(
+                "run",
+                {
+                    "run_id": str(run.run_id),
+                    "conversation_id": run.conversation_id,
+                    "session_id": run.session_id,
+                    "status": "running",
+                },
+            )
+            while True:
+                try:
+                    item = await asyncio.wait_for(turn.events.get(), settings.CHAT_KEEPALIVE_SECONDS)
+                except TimeoutError:
+                    yield b": keepalive\n\n"
+                    continue
+                if item is chat.END:
+                    break
+                yield chat.sse("adk", item, event_id=item.get("id"))
+            if turn.task is not None:
+                await asyncio.wait({turn.task})  # it settles the run before it ends
+                if not turn.task.cancelled() and turn.task.exception() is not None:
+                    logger.error("Chat run %s failed to execute", run.run_id, exc_info=turn.task.exception())
+            settled = await AgentRun.objects.aget(pk=run.run_id)
+            yield chat.sse("done", chat.outcome_payload(settled))
+        finally:
+            # Cancelled (the client left) or closed early: never leave the turn running unseen.
+            turn.abandon()
+
+
+@csrf_exempt  # CSRF is enforced for session-authenticated requests only, as DRF does
+async def chat_turn(request: HttpRequest):
+    if request.method != "POST":
+        response = refusal(405, "method_not_allowed", f"Method {request.method} is not allowed; use POST.")
+        response["Allow"] = "POST"
+        return response
+    try:
+        user = await authenticate(request)
+    except drf_exceptions.APIException as exc:
+        code = exc.get_codes()
+        return refusal(exc.status_code, code if isinstance(code, str) else exc.default_code, str(exc.detail))
+    try:
+        body = _parse(request)
+    except ValidationError as exc:
+        return _invalid(exc)
+    except RequestDataTooBig:
+        return refusal(
+            413,
+            "too_large",
+            f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes (DATA_UPLOAD_MAX_MEMORY_SIZE).",
+        )
+
+    starting = asyncio.ensure_future(
+        sync_to_async(chat.begin_turn)(
+            user=user,
+            agent_name=body.get("agent"),
+            owner_id=body.get("owner_id"),
+            message=body.get("message"),
+            conversation_id=body.get("conversation_id"),
+            params=body.get("params"),
+        )
+    )
+    try:
+        # Shielded: if the client leaves while the run is being written, the write still ends,
+        # and the run it wrote is then settled as cancelled instead of waiting forever.
+        run = await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        starting.add_done_callback(_settle_if_written)
+        raise
+    except ValidationError as exc:
+        return _invalid(exc)
+    except chat.ChatRefusal as exc:
+        return refusal(exc.status, exc.code, exc.detail, **exc.context)
+
+    turn = chat.ChatTurn(run)
+    turn.start()
+    return ChatStream(turn)
+
+
+def _settle_if_written(future: asyncio.Future) -> None:
+    if not future.cancelled() and future.exception() is None:
+        chat.start_abandoned(future.result())
