@@ -1,8 +1,14 @@
 """The tool journal: every function call is written down before its tool can start.
 
-ADK hands each event to the plugins' `on_event_callback` before it persists the event and
-before the tool runs, so a row written here is committed ahead of both the session event and
-the tool's effect. After a crash the journal therefore knows at least as much as the session.
+ADK persists a function-call event (`DatabaseSessionService.append_event`, one transaction) and
+only then lets the tool run. The journal rides in that same transaction: an SQLAlchemy
+`after_insert` hook on ADK's event row writes one `tool_calls` row per function call, and marks
+the calls a function-response event answers. So a call is journaled exactly when its event is
+stored — never one without the other — and both are committed before the tool starts, at no
+extra commit per call.
+
+Failures the session never records (a tool that raised has no response event) are written by
+`JournalPlugin.on_tool_error_callback` through Django.
 """
 
 from __future__ import annotations
@@ -13,8 +19,12 @@ import uuid
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.db import connections
 from django.utils import timezone
 from google.adk.plugins.base_plugin import BasePlugin
+from google.adk.sessions.schemas.v1 import StorageEvent
+from sqlalchemy import event as sqlalchemy_event
+from sqlalchemy import text
 
 from runs.models import ToolCall, ToolCallStatus
 
@@ -23,26 +33,113 @@ logger = logging.getLogger(__name__)
 SUMMARY_MAX_CHARS = 500
 ABORTED_RESPONSE = "Invocation was aborted by client."
 
+_INSERT_CALL = text(
+    # seq continues the run's journal; the unique (run, call_id) constraint makes a redelivered
+    # event a no-op. The WHERE clause also keeps SQLite's parser from reading ON CONFLICT as a join.
+    "INSERT INTO tool_calls (run_id, seq, call_id, tool_name, args, status, called_at, response_summary) "
+    "SELECT :run_id, COALESCE(MAX(seq), 0) + 1, :call_id, :tool_name, :args, :status, :called_at, '' "
+    "FROM tool_calls WHERE run_id = :run_id "
+    "ON CONFLICT DO NOTHING"
+)
+_ANSWER_CALL = text(
+    "UPDATE tool_calls SET status = :status, answered_at = :answered_at, response_summary = :summary "
+    "WHERE run_id = :run_id AND call_id = :call_id"
+)
+
 
 def summarize(value: Any) -> str:
     try:
-        text = json.dumps(value, default=str, ensure_ascii=False)
+        encoded = json.dumps(value, default=str, ensure_ascii=False)
     except (TypeError, ValueError):
-        text = repr(value)
-    if len(text) > SUMMARY_MAX_CHARS:
-        text = f"{text[:SUMMARY_MAX_CHARS]}… ({len(text)} chars)"
-    return text
+        encoded = repr(value)
+    if len(encoded) > SUMMARY_MAX_CHARS:
+        encoded = f"{encoded[:SUMMARY_MAX_CHARS]}… ({len(encoded)} chars)"
+    return encoded
 
 
-def record_calls(run_id: uuid.UUID, first_seq: int, calls: list[tuple[str, str, dict]]) -> None:
-    """Journal one model turn's function calls (several when the model calls in parallel)."""
+def run_id_of(event_data: dict) -> uuid.UUID | None:
+    """The run an ADK event belongs to: stamped by RunConfig.custom_metadata on every event."""
+    run_id = (event_data.get("custom_metadata") or {}).get("run_id")
+    if not run_id:
+        return None
+    try:
+        return uuid.UUID(str(run_id))
+    except ValueError:
+        return None
+
+
+def _db_value(field_name: str, value: Any) -> Any:
+    """A value as Django would send it to the database (uuid, JSON and datetimes differ by vendor)."""
+    field = ToolCall._meta.get_field(field_name)
+    if field_name == "run":
+        field = field.target_field
+    return field.get_db_prep_value(value, connections["default"], prepared=False)
+
+
+def journal_rows(event_data: dict) -> tuple[uuid.UUID | None, list[dict], list[dict]]:
+    """The journal writes one stored ADK event implies: (run_id, calls, answers)."""
+    run_id = run_id_of(event_data)
+    if run_id is None or event_data.get("partial"):
+        return run_id, [], []
+    parts = (event_data.get("content") or {}).get("parts") or []
     now = timezone.now()
-    rows = [
-        ToolCall(run_id=run_id, seq=first_seq + i, call_id=call_id, tool_name=name, args=args, called_at=now)
-        for i, (call_id, name, args) in enumerate(calls)
+    calls = [
+        {
+            "call_id": part["function_call"].get("id") or "",
+            "tool_name": part["function_call"].get("name") or "",
+            "args": part["function_call"].get("args") or {},
+            "called_at": now,
+        }
+        for part in parts
+        if part.get("function_call")
     ]
-    # A redelivered event (or a resumed invocation) must not duplicate a call already journaled.
-    ToolCall.objects.bulk_create(rows, ignore_conflicts=True)
+    answers = []
+    for part in parts:
+        response = part.get("function_response")
+        if not response:
+            continue
+        payload = response.get("response") or {}
+        aborted = isinstance(payload, dict) and payload.get("error") == ABORTED_RESPONSE
+        answers.append(
+            {
+                "call_id": response.get("id") or "",
+                "status": ToolCallStatus.FAILED if aborted else ToolCallStatus.ANSWERED,
+                "summary": "aborted before it answered" if aborted else summarize(payload),
+                "answered_at": now,
+            }
+        )
+    return run_id, calls, answers
+
+
+@sqlalchemy_event.listens_for(StorageEvent, "after_insert")
+def _journal_with_the_event(mapper, connection, target: StorageEvent) -> None:
+    run_id, calls, answers = journal_rows(target.event_data or {})
+    if run_id is None:
+        return
+    run_value = _db_value("run", run_id)
+    for call in calls:
+        connection.execute(
+            _INSERT_CALL,
+            {
+                "run_id": run_value,
+                "call_id": call["call_id"],
+                "tool_name": call["tool_name"],
+                "args": _db_value("args", call["args"]),
+                "status": ToolCallStatus.CALLED.value,
+                "called_at": _db_value("called_at", call["called_at"]),
+            },
+        )
+    for answer in answers:
+        connection.execute(
+            _ANSWER_CALL,
+            {
+                "run_id": run_value,
+                "call_id": answer["call_id"],
+                "status": answer["status"].value,
+                "answered_at": _db_value("answered_at", answer["answered_at"]),
+                "summary": answer["summary"],
+            },
+        )
 
 
 def record_outcome(run_id: uuid.UUID, call_id: str, *, status: str, summary: str) -> None:
@@ -51,48 +148,17 @@ def record_outcome(run_id: uuid.UUID, call_id: str, *, status: str, summary: str
     )
 
 
-def next_seq(run_id: uuid.UUID) -> int:
-    last = ToolCall.objects.filter(run_id=run_id).order_by("-seq").values_list("seq", flat=True).first()
-    return (last or 0) + 1
-
-
 def journal_tools(run_id: uuid.UUID) -> list[str]:
     return list(ToolCall.objects.filter(run_id=run_id).order_by("seq").values_list("tool_name", flat=True))
 
 
 class JournalPlugin(BasePlugin):
-    """Writes every function call of one run to the journal, and later its outcome."""
+    """Records what the session cannot: a tool that raised (it never answers)."""
 
     def __init__(self, run_id: uuid.UUID):
         super().__init__(name="agent_ledger_journal")
         self.run_id = run_id
-        self._next_seq: int | None = None
-        self.calls_seen = 0
         self.tool_errors: dict[str, BaseException] = {}
-
-    async def on_event_callback(self, *, invocation_context, event):
-        if event.partial:
-            return None
-        calls = [
-            (fc.id or "", fc.name or "", dict(fc.args or {}))
-            for fc in event.get_function_calls()
-        ]
-        if calls:
-            if self._next_seq is None:
-                self._next_seq = await sync_to_async(next_seq)(self.run_id)
-            await sync_to_async(record_calls)(self.run_id, self._next_seq, calls)
-            self._next_seq += len(calls)
-            self.calls_seen += len(calls)
-        for response in event.get_function_responses():
-            payload = response.response or {}
-            aborted = isinstance(payload, dict) and payload.get("error") == ABORTED_RESPONSE
-            await sync_to_async(record_outcome)(
-                self.run_id,
-                response.id or "",
-                status=ToolCallStatus.FAILED if aborted else ToolCallStatus.ANSWERED,
-                summary="aborted before it answered" if aborted else summarize(payload),
-            )
-        return None
 
     async def on_tool_error_callback(self, *, tool, tool_args, tool_context, error):
         call_id = tool_context.function_call_id or ""
@@ -104,4 +170,3 @@ class JournalPlugin(BasePlugin):
             summary=f"{type(error).__name__}: {error}"[:SUMMARY_MAX_CHARS],
         )
         return None
-
