@@ -13,7 +13,7 @@ from typing import Any
 from django.conf import settings
 from google.adk.agents import LlmAgent
 
-from agents import tools
+from agents import diet, tools
 from agents.scripted import ScriptedLlm, validate_script
 
 
@@ -65,6 +65,10 @@ SUPPORT = AgentSpec(
 
 AGENTS: dict[str, AgentSpec] = {SUPPORT.name: SUPPORT}
 
+# Callbacks every agent gets before its own: old turns go to the model without their large
+# base64 payloads (the stored session keeps them).
+COMMON_BEFORE_MODEL_CALLBACKS: tuple[Callable[..., Any], ...] = (diet.strip_old_payloads,)
+
 
 def get_agent_spec(name: str) -> AgentSpec:
     try:
@@ -102,5 +106,5 @@ def build_agent(spec: AgentSpec, *, params: dict) -> LlmAgent:
         model=build_model(spec, params),
         instruction=spec.instruction,
         tools=list(spec.tools),
-        before_model_callback=list(spec.before_model_callbacks) or None,
+        before_model_callback=[*COMMON_BEFORE_MODEL_CALLBACKS, *spec.before_model_callbacks] or None,
     )

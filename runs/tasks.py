@@ -7,3 +7,17 @@ from runs import executor
 
 def execute_run(run_id: str) -> str:
     return executor.execute(uuid.UUID(str(run_id)))
+
+
+def reconcile_runs() -> str:
+    """Every minute: reconcile stale runs and enqueue lost queued runs again."""
+    from runs import reconcile
+
+    return str(reconcile.sweep())
+
+
+def purge_events() -> str:
+    """Daily: delete ADK events older than EVENTS_RETENTION_DAYS, batch by batch."""
+    from runs import retention
+
+    return str(retention.purge_events())
