@@ -176,7 +176,12 @@ class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             self.message_user(request, f"Run {run.run_id} reconciled. {run.error_message}", messages.SUCCESS)
         landed_ids = {run.pk for run in landed}
         # Bounded: with "select all" the selection can be the whole table.
-        alive = queryset.filter(status=RunStatus.RUNNING).exclude(pk__in=landed_ids).only("run_id", "heartbeat_at")
+        alive = (
+            queryset.select_related(None)
+            .filter(status=RunStatus.RUNNING)
+            .exclude(pk__in=landed_ids)
+            .only("run_id", "heartbeat_at")
+        )
         for run in alive[:50]:
             self.message_user(
                 request,
