@@ -133,9 +133,11 @@ def reconciled_message(run: AgentRun, *, now: datetime) -> str:
     )
 
 
-def _tools_executed(run: AgentRun) -> list[str] | None:
-    # In a savepoint: a failed read must leave the locking transaction usable (and the run's
-    # tools unknown) rather than abort the whole chunk.
+def _tools_executed(run: AgentRun, *, isolated: bool) -> list[str] | None:
+    if not isolated:
+        return services.derive_tools_executed(run)
+    # In a savepoint: a failed read leaves the locking transaction usable and the run's tools
+    # unknown, instead of aborting the whole chunk.
     try:
         with transaction.atomic():
             return services.derive_tools_executed(run)
@@ -144,7 +146,9 @@ def _tools_executed(run: AgentRun) -> list[str] | None:
         return None
 
 
-def _reconcile_chunk(ids: list[uuid.UUID], cutoffs: Cutoffs, *, skip_locked: bool = True) -> list[AgentRun]:
+def _reconcile_chunk(
+    ids: list[uuid.UUID], cutoffs: Cutoffs, *, skip_locked: bool = True, isolated: bool = False
+) -> list[AgentRun]:
     """Lock the rows that are still stale, write their verdict, return the ones this call landed.
 
     Rows another reconciler holds are skipped (it is reconciling them). The lock also makes a
@@ -157,27 +161,40 @@ def _reconcile_chunk(ids: list[uuid.UUID], cutoffs: Cutoffs, *, skip_locked: boo
             .filter(stale_q(cutoffs), pk__in=ids)
             .only(*_FIELDS, "worker")
         )
-        if not locked:
-            return []
+        landed: list[AgentRun] = []
         for run in locked:
             run.status = RunStatus.ERROR
             run.error_code = RECONCILED
             run.error_message = reconciled_message(run, now=cutoffs.now)
             # The journal (in-doubt `called` rows count as called), else the session, else null.
-            run.tools_executed = _tools_executed(run)
+            run.tools_executed = _tools_executed(run, isolated=isolated)
             run.finished_at = cutoffs.now
-        # The conditional UPDATE: the row lock already excludes other reconcilers, and the
-        # condition keeps the write honest on a backend without row locks.
-        updated = AgentRun.objects.filter(stale_q(cutoffs)).bulk_update(
-            locked, ["status", "error_code", "error_message", "tools_executed", "finished_at"]
-        )
-        if updated != len(locked):
-            # Only possible if the rows changed under a lock we hold: refuse to report a
-            # verdict that may not have been written.
-            raise RuntimeError(f"Reconciliation wrote {updated} of {len(locked)} locked runs; rolled back.")
-    for run in locked:
+            # The conditional UPDATE, one row at a time (cheaper than bulk_update's CASE
+            # expressions, and it tells which rows landed). The lock already excludes other
+            # reconcilers; the condition keeps the write honest where rows are not locked.
+            updated = AgentRun.objects.filter(stale_q(cutoffs), pk=run.pk).update(
+                status=run.status,
+                error_code=run.error_code,
+                error_message=run.error_message,
+                tools_executed=run.tools_executed,
+                finished_at=run.finished_at,
+            )
+            if updated:
+                landed.append(run)
+    for run in landed:
         logger.warning("Run %s reconciled: %s", run.run_id, run.error_message)
-    return locked
+    return landed
+
+
+def _reconcile_ids(ids: list[uuid.UUID], cutoffs: Cutoffs, *, skip_locked: bool = True) -> list[AgentRun]:
+    try:
+        return _reconcile_chunk(ids, cutoffs, skip_locked=skip_locked)
+    except DatabaseError:
+        # A journal or session read failed and (on PostgreSQL) took the transaction with it.
+        # Again, with every read in its own savepoint (two more round trips per run, which is
+        # why it is not the first attempt): runs whose tools cannot be read get them unknown.
+        logger.warning("Reconciling %d run(s) again with isolated reads after a database error", len(ids))
+        return _reconcile_chunk(ids, cutoffs, skip_locked=skip_locked, isolated=True)
 
 
 @dataclass
@@ -200,7 +217,7 @@ def reconcile_stale_runs(
     ids = _stale_ids(cutoffs, queryset)
     landed: list[AgentRun] = []
     for start in range(0, len(ids), CHUNK_SIZE):
-        for run in _reconcile_chunk(ids[start : start + CHUNK_SIZE], cutoffs):
+        for run in _reconcile_ids(ids[start : start + CHUNK_SIZE], cutoffs):
             landed.append(run)
             if on_reconciled is not None:
                 on_reconciled(run)
@@ -217,7 +234,7 @@ def reconcile_run_if_stale(run: AgentRun) -> bool:
         return False
     # A reader waits for a concurrent reconciler's lock (milliseconds) rather than showing a
     # verdict that is about to change.
-    _reconcile_chunk([run.pk], Cutoffs.at(), skip_locked=False)
+    _reconcile_ids([run.pk], Cutoffs.at(), skip_locked=False)
     run.refresh_from_db()
     return run.status == RunStatus.ERROR and run.error_code == RECONCILED
 

@@ -140,6 +140,38 @@ def test_tools_stay_unknown_when_neither_journal_nor_session_can_be_read(setting
     assert run.tools_executed is None
 
 
+def test_a_real_database_error_while_reading_tools_still_reconciles_with_tools_unknown(settings, monkeypatch):
+    """On PostgreSQL a failed query aborts the locking transaction; the chunk is redone safely."""
+    from django.db import connection
+
+    settings.RUN_STALE_AFTER_SECONDS = 60
+    broken = _running(heartbeat_age=timedelta(minutes=5))
+    fine = _running(heartbeat_age=timedelta(minutes=5))
+    _journal(fine, ("update_crm", ToolCallStatus.ANSWERED))
+    real_journal_tools = journal.journal_tools
+
+    def failing_for_one_run(run_id):
+        if run_id == broken.run_id:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT * FROM no_such_table_anywhere")
+        return real_journal_tools(run_id)
+
+    def failing_session(run):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT * FROM no_such_table_anywhere")
+
+    monkeypatch.setattr(journal, "journal_tools", failing_for_one_run)
+    monkeypatch.setattr(services, "session_tools", failing_session)
+
+    landed = reconcile.reconcile_stale_runs()
+
+    assert {r.run_id for r in landed} == {broken.run_id, fine.run_id}
+    broken.refresh_from_db()
+    fine.refresh_from_db()
+    assert (broken.error_code, broken.tools_executed) == ("reconciled", None)
+    assert (fine.error_code, fine.tools_executed) == ("reconciled", ["update_crm"])
+
+
 def test_a_run_with_no_calls_anywhere_is_reconciled_with_an_empty_list(settings):
     settings.RUN_STALE_AFTER_SECONDS = 60
     run = _running(heartbeat_age=timedelta(minutes=5))
