@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import QuerySet, Subquery
 from django.utils import timezone
 
 from agents.models import AdkEvent
@@ -82,14 +82,14 @@ def check_batch_size(batch_size: object, *, name: str = "batch size") -> int:
 
 
 def purgeable_events(*, cutoff: datetime) -> QuerySet[AdkEvent]:
-    """Events older than `cutoff`, except those of sessions an in-flight run still uses."""
-    in_flight = AgentRun.objects.filter(
-        status__in=IN_FLIGHT,
-        session_id=OuterRef("session_id"),
-        agent_name=OuterRef("app_name"),
-        owner_id=OuterRef("user_id"),
-    )
-    return AdkEvent.objects.filter(timestamp__lt=cutoff).exclude(Exists(in_flight))
+    """Events older than `cutoff`, except those of sessions a queued or running run uses.
+
+    Matched on the session id alone (ids Agent Ledger generates): that protects at least every
+    in-flight run's events, and it plans as one hashed `NOT IN` over the few in-flight runs
+    instead of a join probed for every old event.
+    """
+    in_flight_sessions = AgentRun.objects.filter(status__in=IN_FLIGHT).values("session_id")
+    return AdkEvent.objects.filter(timestamp__lt=cutoff).exclude(session_id__in=Subquery(in_flight_sessions))
 
 
 def purge_events(
@@ -119,13 +119,13 @@ def purge_events(
     while True:
         batch_started = time.monotonic()
         with transaction.atomic():
-            # The in-flight check is made again for every batch: a run that starts on an old
-            # conversation during a long purge protects its session from the next batch on.
-            ids = list(purgeable_events(cutoff=cutoff).values_list("id", flat=True)[:batch_size])
-            if not ids:
-                break
-            # Event ids are uuid4s; the timestamp condition keeps the delete to old rows even so.
-            deleted, _ = AdkEvent.objects.filter(id__in=ids, timestamp__lt=cutoff).delete()
+            # One statement per batch, oldest first along the timestamp index. The in-flight
+            # check is made again for every batch: a run that starts on an old conversation
+            # during a long purge protects its session from the next batch on.
+            oldest = purgeable_events(cutoff=cutoff).order_by("timestamp").values("id")[:batch_size]
+            deleted, _ = AdkEvent.objects.filter(id__in=Subquery(oldest), timestamp__lt=cutoff).delete()
+        if not deleted:
+            break
         elapsed = time.monotonic() - batch_started
         report.deleted += deleted
         report.batches += 1
@@ -134,7 +134,7 @@ def purge_events(
         report.seconds = time.monotonic() - started
         if on_batch is not None:
             on_batch(report)
-        if len(ids) < batch_size:
+        if deleted < batch_size:
             break
     report.seconds = time.monotonic() - started
     return report
