@@ -18,6 +18,7 @@ with the session events, so parts are replaced, never modified in place.
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -25,6 +26,8 @@ from django.conf import settings
 from google.adk.agents.callback_context import CallbackContext
 from google.adk.models.llm_request import LlmRequest
 from google.genai import types
+
+logger = logging.getLogger(__name__)
 
 # Standard or URL-safe base64, optionally wrapped in lines (MIME) and optionally a data: URL.
 # No spaces: prose always has them, base64 never does.
@@ -43,39 +46,40 @@ def looks_like_base64(value: str, *, min_chars: int) -> bool:
     return len(value) >= min_chars and _BASE64.fullmatch(value) is not None
 
 
-def _strip_value(value: Any, min_chars: int) -> tuple[Any, bool]:
-    """A copy of `value` with its base64 strings replaced, and whether anything changed."""
+def _strip_value(value: Any, min_chars: int) -> tuple[Any, int]:
+    """A copy of `value` with its base64 strings replaced, and how many characters went."""
     if isinstance(value, str):
         if looks_like_base64(value, min_chars=min_chars):
-            return marker(len(value)), True
-        return value, False
+            return marker(len(value)), len(value)
+        return value, 0
     if isinstance(value, dict):
-        changed = False
+        removed = 0
         result = {}
         for key, item in value.items():
-            result[key], item_changed = _strip_value(item, min_chars)
-            changed = changed or item_changed
-        return (result, True) if changed else (value, False)
+            result[key], item_removed = _strip_value(item, min_chars)
+            removed += item_removed
+        return (result, removed) if removed else (value, 0)
     if isinstance(value, list | tuple):
-        changed = False
+        removed = 0
         items = []
         for item in value:
-            stripped, item_changed = _strip_value(item, min_chars)
+            stripped, item_removed = _strip_value(item, min_chars)
             items.append(stripped)
-            changed = changed or item_changed
-        return (type(value)(items), True) if changed else (value, False)
-    return value, False
+            removed += item_removed
+        return (type(value)(items), removed) if removed else (value, 0)
+    return value, 0
 
 
-def _strip_part(part: types.Part, min_chars: int) -> types.Part | None:
-    """The replacement for `part`, or None to keep it as it is."""
+def _strip_part(part: types.Part, min_chars: int) -> tuple[types.Part, int] | None:
+    """The replacement for `part` and the characters it saves, or None to keep it as it is."""
     if part.inline_data is not None and part.inline_data.data:
-        return types.Part(text=marker(base64_chars(len(part.inline_data.data))))
+        chars = base64_chars(len(part.inline_data.data))
+        return types.Part(text=marker(chars)), chars
     if part.function_response is not None and part.function_response.response:
-        response, changed = _strip_value(part.function_response.response, min_chars)
-        if changed:
+        response, removed = _strip_value(part.function_response.response, min_chars)
+        if removed:
             function_response = part.function_response.model_copy(update={"response": response})
-            return part.model_copy(update={"function_response": function_response})
+            return part.model_copy(update={"function_response": function_response}), removed
     return None
 
 
@@ -92,7 +96,7 @@ def latest_turn_start(contents: list[types.Content]) -> int:
 
 
 def strip_contents(contents: list[types.Content], *, min_chars: int) -> tuple[list[types.Content], int]:
-    """New contents with old payloads stripped, and the number of characters removed."""
+    """New contents with old payloads stripped, and the number of payload characters removed."""
     keep_from = latest_turn_start(contents)
     result: list[types.Content] = []
     removed = 0
@@ -107,10 +111,8 @@ def strip_contents(contents: list[types.Content], *, min_chars: int) -> tuple[li
             if replacement is None:
                 parts.append(part)
             else:
-                removed += len(part.model_dump_json(exclude_none=True)) - len(
-                    replacement.model_dump_json(exclude_none=True)
-                )
-                parts.append(replacement)
+                parts.append(replacement[0])
+                removed += replacement[1]
                 changed = True
         result.append(content.model_copy(update={"parts": parts}) if changed else content)
     return result, removed
@@ -118,5 +120,7 @@ def strip_contents(contents: list[types.Content], *, min_chars: int) -> tuple[li
 
 def strip_old_payloads(callback_context: CallbackContext, llm_request: LlmRequest) -> None:
     """before_model_callback: returns None so the (lighter) request goes to the model."""
-    llm_request.contents, _ = strip_contents(llm_request.contents, min_chars=settings.STRIP_PAYLOAD_MIN_CHARS)
+    llm_request.contents, removed = strip_contents(llm_request.contents, min_chars=settings.STRIP_PAYLOAD_MIN_CHARS)
+    if removed:
+        logger.debug("Stripped %d characters of old payloads from a model request", removed)
     return None

@@ -80,16 +80,12 @@ def load_runs() -> None:
 
 def explain_candidates() -> None:
     from runs import reconcile
-    from runs.models import AgentRun, RunStatus
 
-    cutoffs = reconcile.Cutoffs.at()
-    by_heartbeat = AgentRun.objects.filter(status=RunStatus.RUNNING, heartbeat_at__lt=cutoffs.heartbeat_before)
+    by_heartbeat, never_heard = reconcile.candidate_querysets(reconcile.Cutoffs.at())
     print("\nEXPLAIN ANALYZE, stale by heartbeat:")
-    print(by_heartbeat.order_by("heartbeat_at").values_list("run_id", flat=True).explain(analyze=True, buffers=True))
-    never = AgentRun.objects.filter(status=RunStatus.RUNNING, heartbeat_at__isnull=True)
+    print(by_heartbeat.explain(analyze=True, buffers=True))
     print("\nEXPLAIN ANALYZE, never heard from:")
-    print(never.filter(started_at__lt=cutoffs.silent_start_before).values_list("run_id", flat=True)
-          .explain(analyze=True, buffers=True))
+    print(never_heard.explain(analyze=True, buffers=True))
 
 
 def candidate_scan_seconds(repeats: int = 15) -> float:

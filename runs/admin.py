@@ -100,6 +100,7 @@ class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "cancel_requested_at",
         "late_outcome",
         "late_outcome_summary",
+        "requeued_at",
         "model_retries",
     ]
     fieldsets = [
@@ -120,6 +121,7 @@ class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                     "heartbeat_at",
                     "finished_at",
                     "cancel_requested_at",
+                    "requeued_at",
                     "model_retries",
                 ]
             },

@@ -87,20 +87,27 @@ def is_stale(run: AgentRun, *, now: datetime | None = None) -> bool:
     return started is not None and started < cutoffs.silent_start_before
 
 
-def _stale_ids(cutoffs: Cutoffs, queryset: QuerySet[AgentRun] | None) -> list[uuid.UUID]:
-    """The stale runs' ids, found through the (status, heartbeat_at) index.
+def candidate_querysets(cutoffs: Cutoffs, queryset: QuerySet[AgentRun] | None = None) -> list[QuerySet]:
+    """The two scans that find stale runs' ids through the (status, heartbeat_at) index.
 
     Two queries rather than one OR: each is a plain index range (heartbeat older than the
     cutoff; heartbeat null), so the cost is the number of stale rows, not the table size.
     """
     base = queryset if queryset is not None else AgentRun.objects.all()
     by_heartbeat = base.filter(status=RunStatus.RUNNING, heartbeat_at__lt=cutoffs.heartbeat_before)
-    never_heard = base.filter(status=RunStatus.RUNNING, heartbeat_at__isnull=True).annotate(
-        began=Coalesce("started_at", "created_at")
-    ).filter(began__lt=cutoffs.silent_start_before)
-    ids = list(by_heartbeat.order_by("heartbeat_at").values_list("run_id", flat=True))
-    ids.extend(never_heard.values_list("run_id", flat=True))
-    return ids
+    never_heard = (
+        base.filter(status=RunStatus.RUNNING, heartbeat_at__isnull=True)
+        .annotate(began=Coalesce("started_at", "created_at"))
+        .filter(began__lt=cutoffs.silent_start_before)
+    )
+    return [
+        by_heartbeat.order_by("heartbeat_at").values_list("run_id", flat=True),
+        never_heard.order_by().values_list("run_id", flat=True),
+    ]
+
+
+def _stale_ids(cutoffs: Cutoffs, queryset: QuerySet[AgentRun] | None) -> list[uuid.UUID]:
+    return [run_id for scan in candidate_querysets(cutoffs, queryset) for run_id in scan]
 
 
 def _ago(delta: timedelta) -> str:

@@ -42,7 +42,7 @@ JOBS: tuple[Job, ...] = (
         schedule_type=Schedule.MINUTES,
         minutes=1,
     ),
-    # Retention: ADK events older than EVENTS_RETENTION_DAYS, at night (server time zone).
+    # Retention: ADK events older than EVENTS_RETENTION_DAYS, at night (03:30 in TIME_ZONE).
     Job(
         name="runs.purge_events",
         func="runs.tasks.purge_events",

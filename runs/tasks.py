@@ -2,7 +2,7 @@
 
 import uuid
 
-from runs import executor
+from runs import executor, reconcile, retention
 
 
 def execute_run(run_id: str) -> str:
@@ -11,13 +11,9 @@ def execute_run(run_id: str) -> str:
 
 def reconcile_runs() -> str:
     """Every minute: reconcile stale runs and enqueue lost queued runs again."""
-    from runs import reconcile
-
     return str(reconcile.sweep())
 
 
 def purge_events() -> str:
     """Daily: delete ADK events older than EVENTS_RETENTION_DAYS, batch by batch."""
-    from runs import retention
-
     return str(retention.purge_events())
