@@ -20,6 +20,7 @@ migrate: install
 # Demo defaults: DEBUG on (scripted tool faults allowed), everything else from the environment.
 run: export DEBUG ?= true
 run: migrate
+	$(PY) manage.py setup_schedules
 	$(PY) manage.py ensure_admin
 	$(PY) manage.py seed_demo
 	$(PY) manage.py serve --port $(PORT)

@@ -20,12 +20,14 @@ from typing import Any, TypeVar
 from django.conf import settings
 from django.db import connections
 from google.adk.sessions.database_session_service import DatabaseSessionService
-from sqlalchemy import event
+from sqlalchemy import event, text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 T = TypeVar("T")
+
+EVENTS_TIMESTAMP_INDEX = "idx_events_timestamp"
 
 
 def adk_database_url(alias: str = "default") -> URL:
@@ -112,6 +114,9 @@ def ensure_adk_tables() -> None:
         service = create_session_service(pooled=False)
         try:
             await service.prepare_tables()
+            # ADK's only events index leads with app_name; the retention purge selects by age.
+            async with service.db_engine.begin() as conn:
+                await conn.execute(text(f"CREATE INDEX IF NOT EXISTS {EVENTS_TIMESTAMP_INDEX} ON events (\"timestamp\")"))
         finally:
             await service.db_engine.dispose()
 

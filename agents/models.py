@@ -65,9 +65,12 @@ class NaiveUTCDateTimeField(models.DateTimeField):
         return value
 
     def get_db_prep_value(self, value, connection, prepared=False):
+        if not prepared:
+            value = self.get_prep_value(value)
         if isinstance(value, datetime) and timezone.is_aware(value):
             value = value.astimezone(UTC).replace(tzinfo=None)
-        return super().get_db_prep_value(value, connection, prepared)
+        # Already prepared: the parent would otherwise warn about the naive UTC value.
+        return super().get_db_prep_value(value, connection, prepared=True)
 
 
 class AdkSession(models.Model):

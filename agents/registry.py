@@ -16,7 +16,7 @@ from google.adk.models.base_llm import BaseLlm
 from google.adk.models.registry import LLMRegistry
 from google.adk.tools import preload_memory
 
-from agents import tools
+from agents import diet, tools
 from agents.retrying import RetryingLlm
 from agents.scripted import ScriptedLlm, validate_script
 
@@ -73,6 +73,10 @@ SUPPORT = AgentSpec(
 
 AGENTS: dict[str, AgentSpec] = {SUPPORT.name: SUPPORT}
 
+# Callbacks every agent gets before its own: old turns go to the model without their large
+# base64 payloads (the stored session keeps them).
+COMMON_BEFORE_MODEL_CALLBACKS: tuple[Callable[..., Any], ...] = (diet.strip_old_payloads,)
+
 
 def get_agent_spec(name: str) -> AgentSpec:
     try:
@@ -113,5 +117,5 @@ def build_agent(spec: AgentSpec, *, params: dict) -> LlmAgent:
         model=build_model(spec, params),
         instruction=spec.instruction,
         tools=[*spec.tools, *spec.context_tools],
-        before_model_callback=list(spec.before_model_callbacks) or None,
+        before_model_callback=[*COMMON_BEFORE_MODEL_CALLBACKS, *spec.before_model_callbacks] or None,
     )

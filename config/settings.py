@@ -197,6 +197,11 @@ RUN_REQUEUE_AFTER_SECONDS = env_int("RUN_REQUEUE_AFTER_SECONDS", 300, minimum=1)
 RUN_TIMEOUT_SECONDS = env_int("RUN_TIMEOUT_SECONDS", 1800, minimum=1)
 EVENTS_RETENTION_DAYS = env_int("EVENTS_RETENTION_DAYS", 90, minimum=1)
 PURGE_BATCH_SIZE = env_int("PURGE_BATCH_SIZE", 5000, minimum=1)
+if PURGE_BATCH_SIZE > 100_000:  # runs.retention.MAX_BATCH_SIZE
+    raise ImproperlyConfigured(
+        f"PURGE_BATCH_SIZE={PURGE_BATCH_SIZE} is too large: at most 100000 events per batch keeps "
+        "each purge transaction short."
+    )
 
 if RUN_STALE_AFTER_SECONDS <= RUN_HEARTBEAT_SECONDS * 2:
     raise ImproperlyConfigured(
@@ -214,6 +219,9 @@ if AGENT_MODEL != "scripted" and not GOOGLE_API_KEY:
         "scripted model."
     )
 SCRIPTED_FAULTS_ENABLED = env_bool("SCRIPTED_FAULTS_ENABLED", DEBUG)
+# The memory diet: base64 strings at least this long in old function responses are stripped
+# from model requests. Shorter ones are ids and tokens, not payloads, hence the floor.
+STRIP_PAYLOAD_MIN_CHARS = env_int("STRIP_PAYLOAD_MIN_CHARS", 4000, minimum=256)
 
 # --- Long-term memory -----------------------------------------------------------------------------
 

@@ -1,8 +1,9 @@
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from runs.models import AgentRun, ToolCall
+from runs import reconcile
+from runs.models import AgentRun, RunStatus, ToolCall
 
 
 class ReadOnlyAdminMixin:
@@ -51,6 +52,21 @@ def retries_label(run: AgentRun) -> str:
     )
 
 
+class StaleRunningFilter(admin.SimpleListFilter):
+    """Runs still marked running whose worker has gone silent (the reconciliation rule)."""
+
+    title = "stale running"
+    parameter_name = "stale"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "stale running")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return reconcile.stale_runs(queryset=queryset)
+        return queryset
+
+
 @admin.register(AgentRun)
 class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = [
@@ -65,7 +81,8 @@ class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "finished_at",
         "replay_of_link",
     ]
-    list_filter = ["status", "trigger", "agent_name"]
+    list_filter = ["status", "trigger", "agent_name", StaleRunningFilter]
+    actions = ["reconcile_stale_runs_now"]
     search_fields = ["=run_id", "=owner_id", "error_message"]
     list_select_related = ["replay_of"]
     show_full_result_count = False
@@ -100,12 +117,14 @@ class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "worker",
         "cancel_requested_at",
         "late_outcome",
+        "late_outcome_summary",
+        "requeued_at",
         "model_retries_summary",
     ]
     fieldsets = [
         (None, {"fields": ["run_id", "status", "agent_name", "trigger", "owner_id", "created_by"]}),
         ("Input", {"fields": ["config", "input_file_name", "input_file_sha256", "input_file_size"]}),
-        ("Outcome", {"fields": ["tools_called", "error_code", "error_message", "result", "late_outcome"]}),
+        ("Outcome", {"fields": ["tools_called", "error_code", "error_message", "result", "late_outcome_summary"]}),
         ("Replay", {"fields": ["replay_of_link", "forced", "forced_by", "force_reason"]}),
         (
             "Execution",
@@ -120,6 +139,7 @@ class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                     "heartbeat_at",
                     "finished_at",
                     "cancel_requested_at",
+                    "requeued_at",
                     "model_retries_summary",
                 ]
             },
@@ -140,3 +160,58 @@ class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             return "—"
         url = reverse("admin:runs_agentrun_change", args=[run.replay_of_id])
         return format_html('<a href="{}">{}</a>', url, str(run.replay_of_id)[:8])
+
+    def get_object(self, request, object_id, from_field=None):
+        run = super().get_object(request, object_id, from_field)
+        # Reconcile-on-read: a page never shows "running" for a run whose worker is gone.
+        if run is not None and reconcile.reconcile_run_if_stale(run):
+            self.message_user(
+                request,
+                "This run had stopped sending heartbeats and was reconciled just now: its outcome is unknown.",
+                messages.WARNING,
+            )
+        return run
+
+    @admin.display(description="late outcome")
+    def late_outcome_summary(self, run: AgentRun) -> str:
+        late = run.late_outcome
+        if not late:
+            return "—"
+        tools = late.get("tools_executed")
+        tools_text = "unknown" if tools is None else (", ".join(tools) or "none")
+        detail = late.get("result") or " ".join(filter(None, [late.get("error_code"), late.get("error_message")]))
+        return format_html(
+            '<div style="border-left:4px solid #ba2121;padding-left:8px">'
+            "<strong>The worker finished after this run had already been settled as {} ({}).</strong><br>"
+            "It reported <strong>{}</strong> at {}; tools called: {}.<br>{}"
+            "<br><em>The first verdict above was kept; this is what the worker saw.</em></div>",
+            run.status,
+            run.error_code or "no code",
+            late.get("status", "?"),
+            late.get("finished_at", "?"),
+            tools_text,
+            detail or "",
+        )
+
+    @admin.action(description="Reconcile stale runs now")
+    def reconcile_stale_runs_now(self, request, queryset):
+        landed = reconcile.reconcile_stale_runs(queryset=queryset)
+        for run in landed:
+            self.message_user(request, f"Run {run.run_id} reconciled. {run.error_message}", messages.SUCCESS)
+        landed_ids = {run.pk for run in landed}
+        # Bounded: with "select all" the selection can be the whole table.
+        alive = (
+            queryset.select_related(None)
+            .filter(status=RunStatus.RUNNING)
+            .exclude(pk__in=landed_ids)
+            .only("run_id", "heartbeat_at")
+        )
+        for run in alive[:50]:
+            self.message_user(
+                request,
+                f"Run {run.run_id} is still running and sending heartbeats"
+                f"{f' (last at {run.heartbeat_at:%H:%M:%S} UTC)' if run.heartbeat_at else ''}: left alone.",
+                messages.WARNING,
+            )
+        if not landed:
+            self.message_user(request, "None of the selected runs is stale: nothing was reconciled.", messages.INFO)

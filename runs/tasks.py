@@ -2,8 +2,18 @@
 
 import uuid
 
-from runs import executor
+from runs import executor, reconcile, retention
 
 
 def execute_run(run_id: str) -> str:
     return executor.execute(uuid.UUID(str(run_id)))
+
+
+def reconcile_runs() -> str:
+    """Every minute: reconcile stale runs and enqueue lost queued runs again."""
+    return str(reconcile.sweep())
+
+
+def purge_events() -> str:
+    """Daily: delete ADK events older than EVENTS_RETENTION_DAYS, batch by batch."""
+    return str(retention.purge_events())
