@@ -31,7 +31,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from runs import services
-from runs.models import AgentRun, RunStatus
+from runs.models import AgentRun, RunStatus, Trigger
 
 logger = logging.getLogger(__name__)
 
@@ -208,9 +208,13 @@ def _reconcile_ids(ids: list[uuid.UUID], cutoffs: Cutoffs, *, skip_locked: bool 
 class SweepReport:
     reconciled: list[AgentRun] = field(default_factory=list)
     requeued: list[uuid.UUID] = field(default_factory=list)
+    abandoned: int = 0
 
     def __str__(self) -> str:
-        return f"{len(self.reconciled)} stale run(s) reconciled, {len(self.requeued)} queued run(s) enqueued again"
+        return (
+            f"{len(self.reconciled)} stale run(s) reconciled, {len(self.requeued)} queued run(s) enqueued again, "
+            f"{self.abandoned} abandoned chat turn(s) cancelled"
+        )
 
 
 def reconcile_stale_runs(
@@ -257,6 +261,7 @@ def requeue_lost_runs(*, now: datetime | None = None) -> list[uuid.UUID]:
     cutoff = now - timedelta(seconds=settings.RUN_REQUEUE_AFTER_SECONDS)
     candidates = list(
         AgentRun.objects.filter(status=RunStatus.QUEUED, created_at__lt=cutoff)
+        .exclude(trigger=Trigger.CHAT)
         .filter(Q(requeued_at__isnull=True) | Q(requeued_at__lt=cutoff))
         .values_list("run_id", "requeued_at")
     )
@@ -275,11 +280,36 @@ def requeue_lost_runs(*, now: datetime | None = None) -> list[uuid.UUID]:
     return requeued
 
 
+ABANDONED_CHAT_MESSAGE = (
+    "The chat server stopped before this turn started, so nothing was executed; its client "
+    "has gone, so the turn was not handed to a worker."
+)
+
+
+def abandon_lost_chat_turns(*, now: datetime | None = None) -> int:
+    """Cancel chat turns still `queued` after RUN_REQUEUE_AFTER_SECONDS.
+
+    A chat turn is executed by the server that streams it; if that server died before claiming
+    it, running it later in a worker would act for a user who is no longer waiting. Nothing ran
+    (it was never claimed), so its tools are checked and none.
+    """
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.RUN_REQUEUE_AFTER_SECONDS)
+    return AgentRun.objects.filter(status=RunStatus.QUEUED, trigger=Trigger.CHAT, created_at__lt=cutoff).update(
+        status=RunStatus.CANCELLED,
+        error_code="abandoned",
+        error_message=ABANDONED_CHAT_MESSAGE,
+        tools_executed=[],
+        finished_at=now,
+    )
+
+
 def sweep(*, now: datetime | None = None, on_reconciled: Callable[[AgentRun], None] | None = None) -> SweepReport:
-    """The periodic job: reconcile stale runs in bulk and enqueue lost queued runs again."""
+    """The periodic job: reconcile stale runs, enqueue lost queued runs again, drop lost chat turns."""
     report = SweepReport()
     report.reconciled = reconcile_stale_runs(now=now, on_reconciled=on_reconciled)
     report.requeued = requeue_lost_runs(now=now)
+    report.abandoned = abandon_lost_chat_turns(now=now)
     return report
 
 

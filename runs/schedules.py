@@ -49,6 +49,13 @@ JOBS: tuple[Job, ...] = (
         schedule_type=Schedule.CRON,
         cron="30 3 * * *",
     ),
+    # Long-term memory retention: a no-op while MEMORY_RETENTION_DAYS is unset.
+    Job(
+        name="memory.prune",
+        func="memory.tasks.prune_memories",
+        schedule_type=Schedule.CRON,
+        cron="45 3 * * *",
+    ),
     # More periodic jobs go here (e.g. the webhook sweeper, every minute).
 )
 

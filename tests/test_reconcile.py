@@ -252,6 +252,23 @@ def test_reconcile_on_read_leaves_a_run_whose_heartbeat_came_back(settings):
 # --- Runs lost before they started ----------------------------------------------------------------
 
 
+def test_a_chat_turn_lost_before_it_started_is_cancelled_not_handed_to_a_worker(settings):
+    from django_q.models import OrmQ
+
+    settings.RUN_REQUEUE_AFTER_SECONDS = 300
+    turn = services.start_run(agent_name="support", message="hi", owner_id="alice", trigger="chat", enqueue=False)
+    AgentRun.objects.filter(pk=turn.run_id).update(created_at=timezone.now() - timedelta(minutes=6))
+
+    report = reconcile.sweep()
+
+    assert report.requeued == []
+    assert report.abandoned == 1
+    assert not OrmQ.objects.exists()
+    turn.refresh_from_db()
+    assert (turn.status, turn.error_code, turn.tools_executed) == ("cancelled", "abandoned", [])
+    assert "nothing was executed" in turn.error_message
+
+
 def test_runs_stuck_in_queued_are_enqueued_again_once_per_period(settings):
     from django_q.models import OrmQ
 
@@ -288,7 +305,9 @@ def test_runs_stuck_in_queued_are_enqueued_again_once_per_period(settings):
 def test_the_periodic_job_reconciles_and_reports(settings):
     settings.RUN_STALE_AFTER_SECONDS = 60
     run = _running(heartbeat_age=timedelta(minutes=2))
-    assert reconcile_job() == "1 stale run(s) reconciled, 0 queued run(s) enqueued again"
+    assert reconcile_job() == (
+        "1 stale run(s) reconciled, 0 queued run(s) enqueued again, 0 abandoned chat turn(s) cancelled"
+    )
     assert AgentRun.objects.get(pk=run.run_id).error_code == "reconciled"
     assert reconcile_job() == "0 stale run(s) reconciled, 0 queued run(s) enqueued again"
 

@@ -210,12 +210,15 @@ def test_setup_schedules_creates_every_job_and_a_second_run_changes_nothing():
     first = _schedules()
     assert first["runs.reconcile"][:5] == ("runs.tasks.reconcile_runs", Schedule.MINUTES, 1, None, -1)
     assert first["runs.purge_events"][:5] == ("runs.tasks.purge_events", Schedule.CRON, None, "30 3 * * *", -1)
+    assert first["memory.prune"][:5] == ("memory.tasks.prune_memories", Schedule.CRON, None, "45 3 * * *", -1)
     # The nightly purge waits for its slot instead of running at deploy time.
     assert first["runs.purge_events"][5] > timezone.now()
 
     out = io.StringIO()
     call_command("setup_schedules", stdout=out)
-    assert out.getvalue().split() == ["runs.reconcile:", "unchanged", "runs.purge_events:", "unchanged"]
+    assert out.getvalue().split() == [
+        "runs.reconcile:", "unchanged", "runs.purge_events:", "unchanged", "memory.prune:", "unchanged"
+    ]
     assert _schedules() == first
 
 
