@@ -309,7 +309,9 @@ def test_the_periodic_job_reconciles_and_reports(settings):
         "1 stale run(s) reconciled, 0 queued run(s) enqueued again, 0 abandoned chat turn(s) cancelled"
     )
     assert AgentRun.objects.get(pk=run.run_id).error_code == "reconciled"
-    assert reconcile_job() == "0 stale run(s) reconciled, 0 queued run(s) enqueued again"
+    assert reconcile_job() == (
+        "0 stale run(s) reconciled, 0 queued run(s) enqueued again, 0 abandoned chat turn(s) cancelled"
+    )
 
 
 def test_reconcile_runs_command_prints_what_it_reconciled(settings):
