@@ -1,8 +1,15 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path, re_path
 from django.views.generic import RedirectView
+
+from runs.api.views import api_not_found
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
     path("admin/", admin.site.urls),
+    path("api/", include("runs.api.urls")),
+    # Keep last: any other path under /api/ answers a JSON 404.
+    re_path(r"^api/", api_not_found),
 ]
+
+handler500 = "runs.api.exceptions.api_server_error"

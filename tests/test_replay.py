@@ -27,33 +27,8 @@ from runs.refusals import (
     ToolsCalled,
     ToolsUnknown,
 )
+from tests.factories import TOOLS_CALLED_API, TOOLS_UNKNOWN_API, make_run
 from tests.helpers import SAY_DONE, SEND_EMAIL, UPDATE_CRM, postgres_only, run_now, script_params
-
-TOOLS_UNKNOWN_API = (
-    "It is unknown whether this run called any tool before failing, so a replay could repeat a side "
-    "effect. Pass force=true to run it again anyway."
-)
-TOOLS_CALLED_API = (
-    "This run already called send_email, update_crm before failing: a replay would call them again. "
-    "Pass force=true to run it again anyway."
-)
-
-
-def make_run(*, status: str = RunStatus.ERROR, tools=None, created_by=None, file: bytes | None = None, **fields):
-    """A run row in a given state, without executing anything."""
-    run = services.start_run(
-        agent_name="support",
-        message="Jane asks about her refund.",
-        owner_id="jane",
-        created_by=created_by,
-        file=io.BytesIO(file) if file is not None else None,
-        file_name="invoice.txt" if file is not None else None,
-        enqueue=False,
-    )
-    AgentRun.objects.filter(pk=run.pk).update(status=status, tools_executed=tools, **fields)
-    run.refresh_from_db()
-    return run
-
 
 # --- decide(): pure, every row, in order ------------------------------------------------------------
 
