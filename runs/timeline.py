@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 from typing import Any
 
 from agents.models import AdkEvent
@@ -77,8 +78,12 @@ def run_events(run: AgentRun) -> list[dict[str, Any]]:
     return [describe_event(event) for event in events]
 
 
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+
+
 def timeline_items(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One line per thing that happened, for the admin's timeline."""
+    """One line per thing that happened, for the admin's timeline (arguments as readable JSON)."""
     items: list[dict[str, Any]] = []
     for event in events:
         at = event["timestamp"]
@@ -90,14 +95,14 @@ def timeline_items(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             items.append({"kind": "model", "at": at, "title": f"{event['author']} said", "text": event["text"]})
         for call in event["function_calls"]:
             items.append({"kind": "call", "at": at, "title": f"called {call['name']}", "call_id": call["id"],
-                          "data": call["args"]})
+                          "data": _pretty(call["args"])})
         for response in event["function_responses"]:
             if response["aborted"]:
                 items.append({"kind": "aborted", "at": at, "title": f"{response['name']} was stopped before it answered",
-                              "call_id": response["id"], "data": response["response"]})
+                              "call_id": response["id"], "data": _pretty(response["response"])})
             else:
                 items.append({"kind": "response", "at": at, "title": f"{response['name']} answered",
-                              "call_id": response["id"], "data": response["response"]})
+                              "call_id": response["id"], "data": _pretty(response["response"])})
         if event["error_code"]:
             items.append({"kind": "error", "at": at, "title": f"Error {event['error_code']}",
                           "text": event["error_message"]})
