@@ -74,6 +74,7 @@ class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     # Facet counts are one COUNT per filter choice: too slow on a table of millions of runs.
     show_facets = admin.ShowFacets.NEVER
     list_per_page = 50
+    paginator = desk.CappedCountPaginator
     ordering = ["-created_at"]
     inlines = [ToolCallInline]
     actions = [desk.replay_selected, desk.force_replay_selected, desk.cancel_selected]

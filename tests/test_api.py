@@ -434,8 +434,6 @@ def test_cancel_through_the_api(as_alice, alice):
 
 
 def test_events_tell_what_happened(as_alice, alice):
-    from django.core.files.uploadedfile import SimpleUploadedFile  # noqa: F401
-
     import io
 
     run = run_now(

@@ -9,10 +9,12 @@ Set DOCS_SCREENSHOTS=1 to refresh docs/force-replay-confirmation.png from this r
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.db import connections
 
 from runs import executor, services
 from runs.models import AgentRun, RunStatus
@@ -38,13 +40,10 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def browser_page(monkeypatch):
+@contextmanager
+def chromium_page():
     from playwright.sync_api import sync_playwright
 
-    # Playwright's sync API keeps an event loop running in this thread; the test's own ORM calls
-    # are ordinary blocking calls, not calls from async code.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -56,7 +55,7 @@ def browser_page(monkeypatch):
             browser.close()
 
 
-def test_a_support_lead_force_replays_a_failed_run(live_server, support_lead, monkeypatch, tmp_path, browser_page):
+def test_a_support_lead_force_replays_a_failed_run(live_server, support_lead, monkeypatch, tmp_path):
     enqueued: list = []
     # No worker runs beside the live server: the test executes the replay itself.
     monkeypatch.setattr(services, "enqueue_run", enqueued.append)
@@ -64,7 +63,18 @@ def test_a_support_lead_force_replays_a_failed_run(live_server, support_lead, mo
     assert failed.status == RunStatus.ERROR
     assert failed.tools_executed == ["send_email", "update_crm"]
 
-    page = browser_page
+    # Playwright's sync API keeps an event loop running in this thread; the test's own ORM calls
+    # below are still ordinary blocking calls, not calls from async code. While that loop runs,
+    # Django keys this thread's connection by context, so it gets (and must close) its own.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with chromium_page() as page:
+        try:
+            drive_the_desk(page, live_server, support_lead, failed, enqueued, tmp_path)
+        finally:
+            connections.close_all()
+
+
+def drive_the_desk(page, live_server, support_lead, failed, enqueued, tmp_path):
     page.goto(f"{live_server.url}/admin/login/?next=/admin/runs/agentrun/")
     page.fill("#id_username", "lee")
     page.fill("#id_password", "lee-pass-123")

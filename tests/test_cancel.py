@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from django.db import connection
 
 from agents.models import AdkEvent, CrmNote
 from runs import executor, services
@@ -47,7 +48,13 @@ def test_a_running_run_is_cancelled_within_a_few_heartbeats_with_its_calls_recor
         agent_name="support", message="slow", owner_id="jane", created_by=alice,
         params=script_params(LOOKUP, dict(UPDATE_CRM, hang=60), SAY_DONE), enqueue=False,
     )
-    worker = threading.Thread(target=executor.execute, args=(run.run_id,))
+    def work() -> None:
+        try:
+            executor.execute(run.run_id)
+        finally:
+            connection.close()  # this thread's own connection, or dropping the test database fails
+
+    worker = threading.Thread(target=work)
     worker.start()
     try:
         deadline = time.monotonic() + 30
