@@ -510,3 +510,23 @@ def test_admin_and_api_say_the_same_thing_apart_from_the_hint():
 
     refusal = rules.decide(run, force=False).refusal
     assert refusal.admin_detail == refusal.detail.replace(API_HINT, ADMIN_HINT)
+
+
+@pytest.mark.parametrize("suffix", ["replay/", "cancel/"])
+@pytest.mark.parametrize(
+    "raw, content_type, status, code",
+    [
+        (b"{oops", "application/json", 400, "parse_error"),
+        (b"[true]", "application/json", 400, "invalid"),
+        (b'"force"', "application/json", 400, "invalid"),
+        (b"force=true", "text/plain", 415, "unsupported_media_type"),
+        (b'{"reason": "' + b"x" * 20_000 + b'"}', "application/json", 413, "request_too_large"),
+    ],
+)
+def test_bad_bodies_to_the_run_actions(as_lead, settings, suffix, raw, content_type, status, code):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 10_000
+    run = make_run(status=RunStatus.QUEUED)
+    response = as_lead.generic("POST", f"/api/runs/{run.run_id}/{suffix}", raw, content_type=content_type)
+    assert_error(response, status, code)
+    assert AgentRun.objects.count() == 1
+    assert AgentRun.objects.get().status == RunStatus.QUEUED

@@ -258,3 +258,7 @@ class ErrorSerializer(serializers.Serializer):
                                   help_text="The tools the run already called, once each, in first-call order.")
     replay_run_id = serializers.UUIDField(required=False, help_text="The replay that blocks this one.")
     status = serializers.CharField(required=False, help_text="The run's status, where it matters.")
+    replay_status = serializers.CharField(required=False, help_text="The blocking replay's status.")
+    input_file_name = serializers.CharField(required=False, help_text="The input file that is gone.")
+    run_id = serializers.CharField(required=False, help_text="The run that was not found.")
+    limit = serializers.IntegerField(required=False, help_text="The limit that was exceeded.")
