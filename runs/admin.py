@@ -1,4 +1,5 @@
 import json
+import uuid
 
 from django.contrib import admin
 from django.contrib.admin import helpers
@@ -138,6 +139,14 @@ class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def get_queryset(self, request):
         latest_replay = AgentRun.objects.filter(replay_of=OuterRef("pk")).order_by("-created_at").values("pk")[:1]
         return super().get_queryset(request).annotate(latest_replay_id=Subquery(latest_replay))
+
+    def get_search_results(self, request, queryset, search_term):
+        # A run id is the most common search and has its own index: don't scan error texts for it.
+        try:
+            run_id = uuid.UUID(search_term.strip())
+        except ValueError:
+            return super().get_search_results(request, queryset, search_term)
+        return queryset.filter(run_id=run_id), False
 
     def has_force_replay_permission(self, request, obj=None):
         return request.user.has_perm("runs.force_replay_agentrun")

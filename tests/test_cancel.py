@@ -74,7 +74,8 @@ def test_a_running_run_is_cancelled_within_a_few_heartbeats_with_its_calls_recor
 
     run.refresh_from_db()
     assert run.status == RunStatus.CANCELLED
-    assert took < settings.RUN_HEARTBEAT_SECONDS * 10, f"cancellation took {took:.1f} s"
+    # A few heartbeats (0.2 s each here), with room for a busy shared machine.
+    assert took < settings.RUN_HEARTBEAT_SECONDS * 25, f"cancellation took {took:.1f} s"
     assert run.tools_executed == ["lookup_customer", "update_crm"]
     journal = {c.tool_name: c.status for c in run.tool_calls.all()}
     assert journal == {"lookup_customer": ToolCallStatus.ANSWERED, "update_crm": ToolCallStatus.FAILED}
