@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_q",
     "runs",
     "agents",
@@ -271,6 +272,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "runs.api.exceptions.api_exception_handler",
 }
 
 SPECTACULAR_SETTINGS = {
@@ -278,4 +280,14 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Durable ADK agent runs with safe replays.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The docs page's assets are served from the sidecar package, not a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "RunStatusEnum": "runs.models.RunStatus",
+        "ToolCallStatusEnum": "runs.models.ToolCallStatus",
+        "TriggerEnum": "runs.models.Trigger",
+    },
 }

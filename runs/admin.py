@@ -1,8 +1,14 @@
+import json
+import uuid
+
 from django.contrib import admin, messages
-from django.urls import reverse
+from django.contrib.admin import helpers
+from django.contrib.admin.utils import unquote
+from django.db.models import OuterRef, Subquery
+from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from runs import reconcile
+from runs import desk, reconcile, timeline
 from runs.models import AgentRun, RunStatus, ToolCall
 
 
@@ -21,11 +27,17 @@ class ReadOnlyAdminMixin:
 
 class ToolCallInline(ReadOnlyAdminMixin, admin.TabularInline):
     model = ToolCall
-    fields = ["seq", "tool_name", "call_id", "args", "status", "called_at", "answered_at", "response_summary"]
+    verbose_name = "tool call"
+    verbose_name_plural = "tool journal"
+    fields = ["seq", "tool_name", "call_id", "args", "status", "doubt", "called_at", "answered_at", "response_summary"]
     readonly_fields = fields
     extra = 0
     can_delete = False
     ordering = ["seq"]
+
+    @admin.display(description="in doubt")
+    def doubt(self, call: ToolCall) -> str:
+        return "yes: called, never answered" if call.in_doubt else ""
 
 
 def tools_label(run: AgentRun) -> str:
@@ -67,10 +79,15 @@ class StaleRunningFilter(admin.SimpleListFilter):
         return queryset
 
 
+def _pretty_json(value) -> str:
+    return format_html('<pre class="run-json">{}</pre>', json.dumps(value, indent=2, ensure_ascii=False))
+
+
 @admin.register(AgentRun)
 class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    change_form_template = "admin/runs/agentrun/change_form.html"
     list_display = [
-        "run_id",
+        "short_id",
         "status",
         "agent_name",
         "trigger",
@@ -78,16 +95,23 @@ class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "tools_called",
         "attempts",
         "created_at",
-        "finished_at",
+        "duration",
         "replay_of_link",
+        "latest_replay_link",
     ]
-    list_filter = ["status", "trigger", "agent_name", StaleRunningFilter]
-    actions = ["reconcile_stale_runs_now"]
-    search_fields = ["=run_id", "=owner_id", "error_message"]
+    list_display_links = ["short_id"]
+    list_filter = ["status", "trigger", desk.AgentFilter, desk.ToolsStateFilter, StaleRunningFilter]
+    search_fields = ["=run_id", "=owner_id", "=error_code", "error_message"]
+    search_help_text = "A full run id, an owner id, an error code, or words from the error message."
     list_select_related = ["replay_of"]
     show_full_result_count = False
+    # Facet counts are one COUNT per filter choice: too slow on a table of millions of runs.
+    show_facets = admin.ShowFacets.NEVER
+    list_per_page = 50
+    paginator = desk.CappedCountPaginator
     ordering = ["-created_at"]
     inlines = [ToolCallInline]
+    actions = [desk.replay_selected, desk.force_replay_selected, desk.cancel_selected, "reconcile_stale_runs_now"]
     readonly_fields = [
         "run_id",
         "status",
@@ -95,10 +119,10 @@ class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "trigger",
         "owner_id",
         "created_by",
-        "config",
-        "input_file_name",
+        "input_message",
+        "input_params",
+        "input_file_link",
         "input_file_sha256",
-        "input_file_size",
         "tools_called",
         "error_code",
         "error_message",
@@ -116,14 +140,14 @@ class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "finished_at",
         "worker",
         "cancel_requested_at",
-        "late_outcome",
+        "cancel_requested_by",
         "late_outcome_summary",
         "requeued_at",
         "model_retries_summary",
     ]
     fieldsets = [
         (None, {"fields": ["run_id", "status", "agent_name", "trigger", "owner_id", "created_by"]}),
-        ("Input", {"fields": ["config", "input_file_name", "input_file_sha256", "input_file_size"]}),
+        ("Input", {"fields": ["input_message", "input_params", "input_file_link", "input_file_sha256"]}),
         ("Outcome", {"fields": ["tools_called", "error_code", "error_message", "result", "late_outcome_summary"]}),
         ("Replay", {"fields": ["replay_of_link", "forced", "forced_by", "force_reason"]}),
         (
@@ -139,12 +163,59 @@ class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                     "heartbeat_at",
                     "finished_at",
                     "cancel_requested_at",
+                    "cancel_requested_by",
                     "requeued_at",
                     "model_retries_summary",
                 ]
             },
         ),
     ]
+
+    def get_queryset(self, request):
+        latest_replay = AgentRun.objects.filter(replay_of=OuterRef("pk")).order_by("-created_at").values("pk")[:1]
+        return super().get_queryset(request).annotate(latest_replay_id=Subquery(latest_replay))
+
+    def get_search_results(self, request, queryset, search_term):
+        # A run id is the most common search and has its own index: don't scan error texts for it.
+        try:
+            run_id = uuid.UUID(search_term.strip())
+        except ValueError:
+            return super().get_search_results(request, queryset, search_term)
+        return queryset.filter(run_id=run_id), False
+
+    def has_force_replay_permission(self, request, obj=None):
+        return request.user.has_perm("runs.force_replay_agentrun")
+
+    def get_urls(self):
+        info = self.opts.app_label, self.opts.model_name
+        custom = [
+            path(
+                "<path:object_id>/input-file/",
+                self.admin_site.admin_view(lambda request, object_id: desk.input_file_view(self, request, object_id)),
+                name="%s_%s_input_file" % info,
+            ),
+        ]
+        return custom + super().get_urls()
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        run = self.get_object(request, unquote(object_id))
+        extra_context = dict(extra_context or {})
+        if run is not None and self.has_view_permission(request, run):
+            extra_context.update(
+                timeline=timeline.timeline_items(timeline.run_events(run)),
+                replay_chain=desk.replay_chain(run),
+                decision=desk.decision_now(run),
+                can_force=self.has_force_replay_permission(request),
+                changelist_url=reverse("admin:runs_agentrun_changelist"),
+                action_checkbox_name=helpers.ACTION_CHECKBOX_NAME,
+            )
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    # --- Columns and fields ---
+
+    @admin.display(description="run", ordering="run_id")
+    def short_id(self, run: AgentRun) -> str:
+        return str(run.run_id)[:8]
 
     @admin.display(description="tools called")
     def tools_called(self, run: AgentRun) -> str:
@@ -154,12 +225,22 @@ class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def model_retries_summary(self, run: AgentRun) -> str:
         return retries_label(run)
 
+    @admin.display(description="took")
+    def duration(self, run: AgentRun) -> str:
+        if run.started_at is None or run.finished_at is None:
+            return "—"
+        seconds = (run.finished_at - run.started_at).total_seconds()
+        return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
     @admin.display(description="replay of", ordering="replay_of")
     def replay_of_link(self, run: AgentRun) -> str:
         if run.replay_of_id is None:
             return "—"
         url = reverse("admin:runs_agentrun_change", args=[run.replay_of_id])
-        return format_html('<a href="{}">{}</a>', url, str(run.replay_of_id)[:8])
+        label = str(run.replay_of_id)[:8]
+        if "replay_of" in run._state.fields_cache and run.replay_of is not None:
+            label = f"{label} ({run.replay_of.status})"
+        return format_html('<a href="{}">{}</a>', url, label)
 
     def get_object(self, request, object_id, from_field=None):
         run = super().get_object(request, object_id, from_field)
@@ -215,3 +296,29 @@ class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             )
         if not landed:
             self.message_user(request, "None of the selected runs is stale: nothing was reconciled.", messages.INFO)
+
+    @admin.display(description="latest replay")
+    def latest_replay_link(self, run: AgentRun) -> str:
+        replay_id = getattr(run, "latest_replay_id", None)
+        if replay_id is None:
+            return "—"
+        url = reverse("admin:runs_agentrun_change", args=[replay_id])
+        return format_html('<a href="{}">{}</a>', url, str(replay_id)[:8])
+
+    @admin.display(description="message")
+    def input_message(self, run: AgentRun) -> str:
+        return format_html('<div class="run-message">{}</div>', run.message)
+
+    @admin.display(description="params")
+    def input_params(self, run: AgentRun) -> str:
+        return _pretty_json(run.params) if run.params else "—"
+
+    @admin.display(description="input file")
+    def input_file_link(self, run: AgentRun) -> str:
+        if not run.input_file:
+            return "—"
+        size = f"{run.input_file_size} bytes" if run.input_file_size is not None else "size unknown"
+        if desk.stored_input_path(run) is None:
+            return format_html("“{}” ({}) — the stored copy is gone from disk", run.input_file_name, size)
+        url = reverse("admin:runs_agentrun_input_file", args=[run.run_id])
+        return format_html('<a href="{}">{}</a> ({})', url, run.input_file_name, size)

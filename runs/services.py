@@ -25,6 +25,13 @@ from agents.registry import UnknownAgentError, get_agent_spec, validate_params
 from agents.scripted import ScriptError
 from runs import journal
 from runs.models import AgentRun, RunStatus, Trigger
+from runs.refusals import (
+    ForceNotPermitted,
+    ReasonRequired,
+    ReasonTooLong,
+    RunAlreadySettled,
+    RunNotFound,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -321,3 +328,158 @@ def settle_run(
 
 def runs_with_status(statuses: Iterable[str]):
     return AgentRun.objects.filter(status__in=list(statuses))
+
+
+# --- Visibility -----------------------------------------------------------------------------------
+
+
+def can_see_every_run(user: Any) -> bool:
+    return bool(getattr(user, "is_staff", False) or (user is not None and user.has_perm("runs.view_agentrun")))
+
+
+def visible_runs(user: Any):
+    """Staff and holders of runs.view_agentrun see every run; anyone else only the runs they started."""
+    if user is None or not getattr(user, "is_authenticated", False):
+        return AgentRun.objects.none()
+    if can_see_every_run(user):
+        return AgentRun.objects.all()
+    return AgentRun.objects.filter(created_by=user)
+
+
+def get_visible_run(run_id: Any, *, actor: Any) -> AgentRun:
+    try:
+        return visible_runs(actor).get(pk=run_id)
+    except (AgentRun.DoesNotExist, ValidationError, ValueError):
+        raise RunNotFound(run_id) from None
+
+
+# --- Replaying ------------------------------------------------------------------------------------
+
+MAX_FORCE_REASON_CHARS = 2000
+
+
+def can_force_replay(user: Any) -> bool:
+    return user is not None and user.has_perm("runs.force_replay_agentrun")
+
+
+def _log_forced_replay(*, actor: Any, original: AgentRun, replay: AgentRun, overridden: str, reason: str) -> None:
+    from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
+
+    LogEntry.objects.log_actions(
+        actor.pk,
+        [replay],
+        ADDITION,
+        f"Forced replay of run {original.run_id}, overriding “{overridden}”. Reason: {reason}",
+        single_object=True,
+    )
+    LogEntry.objects.log_actions(
+        actor.pk,
+        [original],
+        CHANGE,
+        f"Force-replayed as run {replay.run_id}, overriding “{overridden}”. Reason: {reason}",
+        single_object=True,
+    )
+
+
+def replay_run(run_id: Any, *, actor: Any, force: bool = False, reason: str = "") -> AgentRun:
+    """Replay a settled run as a new run, if `runs.replay.decide` allows it; else raise its refusal.
+
+    The original row is locked while deciding, so simultaneous requests for one run create at
+    most one replay: the second waits, then sees the first one's replay in flight. (On SQLite,
+    IMMEDIATE transactions serialise the same way.)
+    """
+    from runs import reconcile
+    from runs import replay as rules
+
+    if force:
+        if not can_force_replay(actor):
+            raise ForceNotPermitted()
+        reason = (reason or "").strip()
+        if not reason:
+            raise ReasonRequired()
+        if len(reason) > MAX_FORCE_REASON_CHARS:
+            raise ReasonTooLong(MAX_FORCE_REASON_CHARS)
+
+    with transaction.atomic():
+        try:
+            original = visible_runs(actor).select_for_update().get(pk=run_id)
+        except (AgentRun.DoesNotExist, ValidationError, ValueError):
+            raise RunNotFound(run_id) from None
+        # A run whose worker died is judged as what it is (a failure with unknown outcome), not
+        # as "still running".
+        reconcile.reconcile_run_if_stale(original)
+        decision = rules.decide(original, force=force, facts=rules.gather_facts(original, verify_digest=True))
+        if decision.refusal is not None:
+            raise decision.refusal
+        forced = decision.overridden is not None
+        replay = AgentRun.objects.create(
+            trigger=original.trigger,
+            agent_name=original.agent_name,
+            owner_id=original.owner_id,
+            created_by=actor if getattr(actor, "is_authenticated", False) else None,
+            config=original.config,
+            input_file=original.input_file,
+            input_file_name=original.input_file_name,
+            input_file_sha256=original.input_file_sha256,
+            input_file_size=original.input_file_size,
+            replay_of=original,
+            forced=forced,
+            forced_by=actor if forced else None,
+            force_reason=reason if forced else "",
+            session_id=str(uuid.uuid4()),
+        )
+        if forced:
+            _log_forced_replay(
+                actor=actor, original=original, replay=replay, overridden=decision.overridden.code, reason=reason
+            )
+        replay_id = replay.run_id
+        transaction.on_commit(lambda: enqueue_run(replay_id))
+    logger.info("Run %s replayed as %s (forced=%s) by %s", original.run_id, replay.run_id, forced, actor)
+    return replay
+
+
+# --- Cancelling -----------------------------------------------------------------------------------
+
+CANCELLED_BEFORE_START = "The run was cancelled before it started."
+
+
+def cancel_run(run_id: Any, *, actor: Any) -> AgentRun:
+    """Cancel a run: a queued one never starts; a running one is asked to stop.
+
+    A running run's heartbeat sees `cancel_requested_at` within one beat and aborts the ADK
+    invocation, which seals pending calls; the run then settles `cancelled` with its tools.
+    Cancelling twice is harmless; cancelling a settled run is refused.
+    """
+    now = timezone.now()
+    user = actor if getattr(actor, "is_authenticated", False) else None
+    with transaction.atomic():
+        try:
+            run = visible_runs(actor).select_for_update().get(pk=run_id)
+        except (AgentRun.DoesNotExist, ValidationError, ValueError):
+            raise RunNotFound(run_id) from None
+        from runs import reconcile
+
+        # Nobody is left to act on a dead run's cancellation: settle it as what it is instead.
+        reconcile.reconcile_run_if_stale(run)
+        if run.status == RunStatus.QUEUED:
+            # Conditional on `queued`, so a claim that slipped in first turns this into the
+            # running case below instead of being overwritten.
+            cancelled = AgentRun.objects.filter(pk=run.pk, status=RunStatus.QUEUED).update(
+                status=RunStatus.CANCELLED,
+                tools_executed=[],
+                error_code="cancelled",
+                error_message=CANCELLED_BEFORE_START,
+                finished_at=now,
+                cancel_requested_at=now,
+                cancel_requested_by=user,
+            )
+            if not cancelled:
+                run.refresh_from_db()
+        if run.status == RunStatus.RUNNING:
+            AgentRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING, cancel_requested_at__isnull=True).update(
+                cancel_requested_at=now, cancel_requested_by=user
+            )
+        elif run.status != RunStatus.QUEUED:
+            raise RunAlreadySettled(run.status)
+    run.refresh_from_db()
+    return run

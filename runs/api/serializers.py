@@ -1,0 +1,264 @@
+"""What the API reads and writes. Reading is strict: wrong types and unknown fields are refused."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.apps import apps
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from runs.models import AgentRun, ToolCall
+from runs.services import MAX_FORCE_REASON_CHARS
+
+# Form fields that are part of a browser's form post rather than the request's data.
+IGNORED_FORM_FIELDS = {"csrfmiddlewaretoken"}
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses fields it does not know, instead of silently dropping them."""
+
+    def to_internal_value(self, data):
+        if hasattr(data, "keys"):
+            unknown = sorted(set(data.keys()) - set(self.fields) - IGNORED_FORM_FIELDS)
+            if unknown:
+                known = ", ".join(name for name, field in self.fields.items() if not field.read_only)
+                raise serializers.ValidationError(
+                    {name: [f"Unknown field. The fields are: {known}."] for name in unknown}
+                )
+        return super().to_internal_value(data)
+
+
+class StrictCharField(serializers.CharField):
+    """A string, not a number or a list turned into one."""
+
+    default_error_messages = {"invalid": "Must be a string."}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """true or false (the strings "true"/"false" in a form); never "yes", 1 or "maybe"."""
+
+    default_error_messages = {"invalid": "Must be true or false."}
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool):
+            return data
+        if isinstance(data, str) and data.lower() in {"true", "false"}:
+            return data.lower() == "true"
+        self.fail("invalid")
+
+
+@extend_schema_field(OpenApiTypes.OBJECT)
+class ParamsField(serializers.Field):
+    """A JSON object; in a multipart form it arrives as a JSON string."""
+
+    default_error_messages = {
+        "not_object": "Must be a JSON object.",
+        "not_json": "Must be a JSON object; this is not valid JSON: {error}.",
+    }
+
+    def to_internal_value(self, data):
+        request = self.context.get("request")
+        if isinstance(data, str) and request is not None and not request.content_type.startswith("application/json"):
+            try:
+                data = json.loads(data)
+            except json.JSONDecodeError as exc:
+                self.fail("not_json", error=exc.msg)
+        if not isinstance(data, dict):
+            self.fail("not_object")
+        return data
+
+    def to_representation(self, value):
+        return value
+
+
+# --- Input -----------------------------------------------------------------------------------------
+
+
+class RunCreateSerializer(StrictSerializer):
+    agent = StrictCharField(help_text="A registered agent, e.g. support.", trim_whitespace=False)
+    message = StrictCharField(help_text="What the agent should do.", allow_blank=True, trim_whitespace=False)
+    owner_id = StrictCharField(help_text="The end user the run acts for.", allow_blank=True, trim_whitespace=False)
+    params = ParamsField(required=False, help_text="Run parameters, e.g. a scripted model's `script`.")
+    file = serializers.FileField(
+        required=False, allow_empty_file=True, use_url=False,
+        help_text="An input file (multipart only); a copy is kept with the run.",
+    )
+
+
+class ReplayRequestSerializer(StrictSerializer):
+    force = StrictBooleanField(required=False, default=False, help_text="Override a refusal (needs the permission).")
+    reason = StrictCharField(
+        required=False, default="", allow_blank=True, max_length=MAX_FORCE_REASON_CHARS,
+        help_text="Why forcing is acceptable; required with force.",
+    )
+
+
+class EmptySerializer(StrictSerializer):
+    """No fields: the request body is empty or {}."""
+
+
+# --- Output ----------------------------------------------------------------------------------------
+
+_username = {"slug_field": "username", "read_only": True}
+
+
+class RunSerializer(serializers.ModelSerializer):
+    created_by = serializers.SlugRelatedField(**_username)
+    forced_by = serializers.SlugRelatedField(**_username)
+    cancel_requested_by = serializers.SlugRelatedField(**_username)
+    replay_of = serializers.UUIDField(source="replay_of_id", read_only=True, allow_null=True)
+
+    class Meta:
+        model = AgentRun
+        # The stored file's path on disk is never exposed (input_file is left out on purpose).
+        fields = [
+            "run_id", "status", "trigger", "agent_name", "owner_id", "created_by", "config",
+            "input_file_name", "input_file_sha256", "input_file_size",
+            "attempts", "error_code", "error_message", "tools_executed", "result",
+            "replay_of", "forced", "forced_by", "force_reason", "session_id", "conversation_id",
+            "created_at", "started_at", "heartbeat_at", "finished_at", "worker",
+            "cancel_requested_at", "cancel_requested_by",
+        ]
+        read_only_fields = fields
+
+
+class ToolCallSerializer(serializers.ModelSerializer):
+    in_doubt = serializers.BooleanField(read_only=True, help_text="Called, never answered, and the run is over.")
+
+    class Meta:
+        model = ToolCall
+        fields = ["seq", "call_id", "tool_name", "args", "status", "in_doubt", "called_at", "answered_at",
+                  "response_summary"]
+        read_only_fields = fields
+
+
+class ReplaySummarySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = AgentRun
+        fields = ["run_id", "status", "forced", "created_at", "finished_at"]
+        read_only_fields = fields
+
+
+class ReplayDecisionSerializer(serializers.Serializer):
+    allowed = serializers.BooleanField()
+    status = serializers.IntegerField(help_text="What POST .../replay/ without force would answer.")
+    code = serializers.CharField(help_text="replayable, or the refusal code.")
+    detail = serializers.CharField()
+    tools = serializers.ListField(child=serializers.CharField(), required=False)
+    replay_run_id = serializers.UUIDField(required=False)
+    force_would_replay = serializers.BooleanField()
+
+
+def run_step_model():
+    """Workflow steps are shown when the ledger keeps them."""
+    try:
+        return apps.get_model("runs", "RunStep")
+    except LookupError:
+        return None
+
+
+class RunStepSerializer(serializers.Serializer):
+    """Every plain field of a step; DRF's JSON encoder handles dates and UUIDs."""
+
+    def to_representation(self, instance) -> dict[str, Any]:
+        return {
+            field.name: field.value_from_object(instance)
+            for field in instance._meta.concrete_fields
+            if not field.is_relation
+        }
+
+
+class RunDetailSerializer(RunSerializer):
+    tool_calls = ToolCallSerializer(many=True, read_only=True)
+    replays = ReplaySummarySerializer(many=True, read_only=True)
+    replay_decision = serializers.SerializerMethodField()
+
+    class Meta(RunSerializer.Meta):
+        fields = RunSerializer.Meta.fields + ["tool_calls", "replays", "replay_decision"]
+        read_only_fields = fields
+
+    def get_fields(self):
+        fields = super().get_fields()
+        if run_step_model() is not None:
+            fields["steps"] = serializers.SerializerMethodField()
+        return fields
+
+    @extend_schema_field(ReplayDecisionSerializer)
+    def get_replay_decision(self, run: AgentRun) -> dict:
+        from runs import replay as rules
+
+        return rules.describe_now(run)
+
+    @extend_schema_field(serializers.ListField(child=serializers.DictField()))
+    def get_steps(self, run: AgentRun) -> list[dict]:
+        model = run_step_model()
+        link = next(
+            (f.name for f in model._meta.concrete_fields if f.is_relation and f.related_model is AgentRun), None
+        )
+        if link is None:
+            return []
+        steps = model.objects.filter(**{link: run}).order_by("pk")
+        return RunStepSerializer(steps, many=True).data
+
+
+class AttachmentSerializer(serializers.Serializer):
+    display_name = serializers.CharField()
+    mime_type = serializers.CharField()
+    size = serializers.IntegerField(allow_null=True)
+
+
+class FunctionCallSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    name = serializers.CharField()
+    args = serializers.DictField()
+
+
+class FunctionResponseSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    name = serializers.CharField()
+    response = serializers.JSONField()
+    aborted = serializers.BooleanField(help_text="Sealed by the run's abort, not answered by the tool.")
+
+
+class EventSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    timestamp = serializers.DateTimeField()
+    author = serializers.CharField(help_text="user, or the agent's name.")
+    invocation_id = serializers.CharField()
+    text = serializers.CharField()
+    attachments = AttachmentSerializer(many=True)
+    function_calls = FunctionCallSerializer(many=True)
+    function_responses = FunctionResponseSerializer(many=True)
+    error_code = serializers.CharField()
+    error_message = serializers.CharField()
+
+
+class RunEventsSerializer(serializers.Serializer):
+    run_id = serializers.UUIDField()
+    session_id = serializers.CharField()
+    events = EventSerializer(many=True)
+
+
+class ErrorSerializer(serializers.Serializer):
+    code = serializers.CharField(help_text="Stable machine-readable code, e.g. tools_called.")
+    detail = serializers.CharField(help_text="A sentence a person can act on.")
+    errors = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField()), required=False,
+        help_text="Field errors (code invalid).",
+    )
+    tools = serializers.ListField(child=serializers.CharField(), required=False,
+                                  help_text="The tools the run already called, once each, in first-call order.")
+    replay_run_id = serializers.UUIDField(required=False, help_text="The replay that blocks this one.")
+    status = serializers.CharField(required=False, help_text="The run's status, where it matters.")
+    replay_status = serializers.CharField(required=False, help_text="The blocking replay's status.")
+    input_file_name = serializers.CharField(required=False, help_text="The input file that is gone.")
+    run_id = serializers.CharField(required=False, help_text="The run that was not found.")
+    limit = serializers.IntegerField(required=False, help_text="The limit that was exceeded.")

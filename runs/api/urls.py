@@ -1,0 +1,16 @@
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import SimpleRouter
+
+from runs.api.views import RunViewSet
+
+router = SimpleRouter()
+router.register("runs", RunViewSet, basename="run")
+
+app_name = "api"
+
+urlpatterns = [
+    path("", include(router.urls)),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
+]

@@ -1,0 +1,295 @@
+"""The runs API (DESIGN §6): thin doors onto runs.services, with the same refusals as the admin."""
+
+from __future__ import annotations
+
+import io
+import uuid
+
+from django.conf import settings
+from django.db.models import Prefetch
+from django.urls import Resolver404, resolve
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import mixins, parsers, status, viewsets
+from rest_framework.decorators import action, api_view, authentication_classes, permission_classes
+from rest_framework.pagination import CursorPagination
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.reverse import reverse
+
+from runs import reconcile, services, timeline
+from runs.api.exceptions import InvalidCursor, RequestTooLarge
+from runs.api.serializers import (
+    EmptySerializer,
+    ErrorSerializer,
+    ReplayRequestSerializer,
+    RunCreateSerializer,
+    RunDetailSerializer,
+    RunEventsSerializer,
+    RunSerializer,
+)
+from runs.models import AgentRun, RunStatus, ToolCall, Trigger
+
+# Room for the form fields and multipart framing around an upload of MAX_UPLOAD_BYTES.
+MULTIPART_OVERHEAD_BYTES = 1024 * 1024
+
+
+def _content_length(meta) -> int:
+    try:
+        return int(meta.get("CONTENT_LENGTH") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+class BoundedJSONParser(parsers.JSONParser):
+    """DRF reads a JSON body from the stream with no limit of its own: read at most the limit."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        body = stream.read(limit + 1) if stream is not None else b""
+        if limit is not None and len(body) > limit:
+            raise RequestTooLarge(
+                f"The request body is larger than {limit} bytes (DATA_UPLOAD_MAX_MEMORY_SIZE); "
+                "attach large inputs as a multipart file."
+            )
+        return super().parse(io.BytesIO(body), media_type, parser_context)
+
+
+class BoundedMultiPartParser(parsers.MultiPartParser):
+    def parse(self, stream, media_type=None, parser_context=None):
+        request = parser_context["request"]
+        limit = settings.MAX_UPLOAD_BYTES + MULTIPART_OVERHEAD_BYTES
+        if _content_length(request.META) > limit:
+            raise RequestTooLarge(
+                f"The upload is larger than the limit of {settings.MAX_UPLOAD_BYTES} bytes (MAX_UPLOAD_BYTES)."
+            )
+        return super().parse(stream, media_type, parser_context)
+
+
+class RunCursorPagination(CursorPagination):
+    ordering = "-created_at"
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 200
+
+    def decode_cursor(self, request):
+        try:
+            return super().decode_cursor(request)
+        except Exception as exc:  # DRF raises NotFound; a bad cursor is the client's mistake
+            from rest_framework.exceptions import NotFound
+
+            if isinstance(exc, NotFound):
+                raise InvalidCursor() from None
+            raise
+
+
+ERRORS = {
+    400: OpenApiResponse(ErrorSerializer, description="Bad input; `errors` names each field."),
+    401: OpenApiResponse(ErrorSerializer, description="No or bad credentials."),
+    403: OpenApiResponse(ErrorSerializer, description="Not allowed."),
+    404: OpenApiResponse(ErrorSerializer, description="No such run, or not one you can see."),
+    409: OpenApiResponse(ErrorSerializer, description="Refused by the replay rules, or the run's state."),
+    410: OpenApiResponse(ErrorSerializer, description="The run's stored input file is gone."),
+    413: OpenApiResponse(ErrorSerializer, description="The request body is too large."),
+    415: OpenApiResponse(ErrorSerializer, description="Send JSON (or multipart to attach a file)."),
+}
+
+
+def errors(*codes: int) -> dict:
+    return {code: ERRORS[code] for code in codes}
+
+
+LIST_FILTERS = [
+    OpenApiParameter("status", str, enum=RunStatus.values, description="Only runs in this status."),
+    OpenApiParameter("trigger", str, enum=Trigger.values, description="Only runs started this way."),
+    OpenApiParameter("agent", str, description="Only runs of this agent."),
+    OpenApiParameter("owner_id", str, description="Only runs acting for this end user."),
+    OpenApiParameter("replay_of", uuid.UUID, description="Only the replays of this run."),
+]
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="List runs, newest first",
+        parameters=LIST_FILTERS,
+        responses={200: RunSerializer(many=True), **errors(400, 401)},
+    ),
+    retrieve=extend_schema(
+        summary="One run with its tool calls, replays and what a replay would do now",
+        responses={200: RunDetailSerializer, **errors(401, 404)},
+    ),
+)
+class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = RunSerializer
+    pagination_class = RunCursorPagination
+    parser_classes = [BoundedJSONParser, parsers.FormParser, BoundedMultiPartParser]
+    lookup_field = "run_id"
+    lookup_value_regex = "[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}"
+    queryset = AgentRun.objects.none()  # for the schema; get_queryset applies visibility
+
+    def get_queryset(self):
+        runs = services.visible_runs(self.request.user).select_related(
+            "created_by", "forced_by", "cancel_requested_by"
+        )
+        if self.action == "retrieve":
+            runs = runs.prefetch_related(
+                Prefetch("tool_calls", queryset=ToolCall.objects.order_by("seq")),
+                Prefetch("replays", queryset=AgentRun.objects.order_by("created_at")),
+            )
+        return runs
+
+    def filter_queryset(self, queryset):
+        if self.action != "list":
+            return queryset
+        params = self.request.query_params
+        problems: dict[str, list[str]] = {}
+        lookups: dict[str, object] = {}
+        for name, choices, field in (("status", RunStatus.values, "status"), ("trigger", Trigger.values, "trigger")):
+            value = params.get(name)
+            if value is None:
+                continue
+            if value not in choices:
+                problems[name] = [f"{value!r} is not one of: {', '.join(choices)}."]
+            lookups[field] = value
+        for name, field in (("agent", "agent_name"), ("owner_id", "owner_id")):
+            if params.get(name) is not None:
+                lookups[field] = params[name]
+        if params.get("replay_of") is not None:
+            try:
+                lookups["replay_of_id"] = uuid.UUID(params["replay_of"])
+            except ValueError:
+                problems["replay_of"] = [f"{params['replay_of']!r} is not a run id (a UUID)."]
+        if problems:
+            from rest_framework.exceptions import ValidationError
+
+            raise ValidationError(problems)
+        return queryset.filter(**lookups)
+
+    def get_object(self):
+        run = super().get_object()
+        # Reconcile-on-read: a run whose worker died is never shown as still running.
+        reconcile.reconcile_run_if_stale(run)
+        return run
+
+    def get_serializer_class(self):
+        if self.action == "retrieve":
+            return RunDetailSerializer
+        return super().get_serializer_class()
+
+    def _run_response(self, run: AgentRun, *, serializer=RunSerializer) -> Response:
+        url = reverse("api:run-detail", args=[run.run_id], request=self.request)
+        return Response(
+            serializer(run, context=self.get_serializer_context()).data,
+            status=status.HTTP_202_ACCEPTED,
+            headers={"Location": url},
+        )
+
+    @extend_schema(
+        summary="Start a run",
+        request={"application/json": RunCreateSerializer, "multipart/form-data": RunCreateSerializer},
+        responses={202: RunSerializer, **errors(400, 401, 413, 415)},
+        examples=[
+            OpenApiExample(
+                "Scripted",
+                value={"agent": "support", "message": "Jane asks about her refund.", "owner_id": "jane",
+                       "params": {"script": [{"call": "lookup_customer", "args": {"email": "jane@example.com"}},
+                                             {"say": "Done."}]}},
+                request_only=True,
+            )
+        ],
+    )
+    def create(self, request, *args, **kwargs):
+        serializer = RunCreateSerializer(data=request.data, context=self.get_serializer_context())
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        upload = data.get("file")
+        run = services.start_run(
+            agent_name=data["agent"],
+            message=data["message"],
+            owner_id=data["owner_id"],
+            params=data.get("params"),
+            file=upload,
+            file_name=upload.name if upload is not None else None,
+            created_by=request.user,
+        )
+        return self._run_response(run)
+
+    @extend_schema(
+        summary="Replay a settled run as a new run",
+        description=(
+            "Follows the replay rules: 409 `run_in_flight`, `replay_in_flight`, `run_succeeded`, "
+            "`already_replayed`, `tools_called`, `tools_unknown`; 410 `input_gone`. `force` overrides "
+            "the refusals a person may override; it needs the permission runs.force_replay_agentrun "
+            "(else 403) and a `reason` (else 400)."
+        ),
+        request=ReplayRequestSerializer,
+        responses={202: RunSerializer, **errors(400, 401, 403, 404, 409, 410, 415)},
+        examples=[
+            OpenApiExample("Replay", value={"force": False, "reason": ""}, request_only=True),
+            OpenApiExample("Force", value={"force": True, "reason": "The email bounced; resend it."},
+                           request_only=True),
+            OpenApiExample(
+                "Refused",
+                value={"code": "tools_called",
+                       "detail": "This run already called send_email, update_crm before failing: a replay would "
+                                 "call them again. Pass force=true to run it again anyway.",
+                       "tools": ["send_email", "update_crm"]},
+                response_only=True, status_codes=["409"],
+            ),
+        ],
+    )
+    @action(detail=True, methods=["post"])
+    def replay(self, request, run_id=None):
+        serializer = ReplayRequestSerializer(data=request.data, context=self.get_serializer_context())
+        serializer.is_valid(raise_exception=True)
+        replay = services.replay_run(
+            run_id,
+            actor=request.user,
+            force=serializer.validated_data["force"],
+            reason=serializer.validated_data["reason"],
+        )
+        return self._run_response(replay)
+
+    @extend_schema(
+        summary="Cancel a queued or running run",
+        description=(
+            "A queued run is cancelled at once and never starts. A running run is asked to stop: its "
+            "worker notices within one heartbeat, aborts the agent (pending tool calls are sealed) and "
+            "the run settles as `cancelled`. 409 `run_settled` if it has already finished."
+        ),
+        request=EmptySerializer,
+        responses={202: RunSerializer, **errors(400, 401, 404, 409, 415)},
+    )
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, run_id=None):
+        EmptySerializer(data=request.data).is_valid(raise_exception=True)
+        run = services.cancel_run(run_id, actor=request.user)
+        return self._run_response(run)
+
+    @extend_schema(
+        summary="The run's ADK session events",
+        description="What the user said (attachments described, not copied), model text, calls, responses, errors.",
+        responses={200: RunEventsSerializer, **errors(401, 404)},
+    )
+    @action(detail=True, methods=["get"])
+    def events(self, request, run_id=None):
+        run = self.get_object()
+        body = {"run_id": run.run_id, "session_id": run.session_id, "events": timeline.run_events(run)}
+        return Response(RunEventsSerializer(body).data)
+
+
+@extend_schema(exclude=True)
+@api_view(["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
+@authentication_classes([])
+@permission_classes([AllowAny])
+def api_not_found(request, *args, **kwargs):
+    """Unknown paths under /api/ answer in the API's error format, not with an HTML page."""
+    detail = f"There is no API endpoint at {request.path}."
+    if not request.path.endswith("/"):
+        try:
+            match = resolve(request.path + "/")
+            if match.func is not api_not_found:
+                detail += f" Did you mean {request.path}/ ?"
+        except Resolver404:
+            pass
+    return Response({"code": "not_found", "detail": detail}, status=status.HTTP_404_NOT_FOUND)
+
