@@ -1,0 +1,225 @@
+"""The crash matrix: a worker process is SIGKILLed at each point of a run, for real.
+
+Each repetition starts a child process on the test database that runs the `support` agent with
+a one-email script (`send_email`, then an answer) and dies with SIGKILL at one point — through
+the scripted faults where they reach, otherwise through a hook installed in the child that kills
+the process at the exact moment. Then the parent plays the rest of the world: the periodic job
+(driven directly, past the stale window), the redelivered task, a replay request without force.
+
+For every point and repetition it asserts that the run never executes twice by itself, that it
+settles, that `tools_executed` names every call whose effect may have happened (and is never
+`[]` when one did), that a replay without force is refused exactly when an effect may have
+happened, and that the outbox holds at most one email per run.
+
+`CRASH_MATRIX_REPEATS` sets the repetitions per point (2 by default; `make bench-crash` runs
+20 and writes the matrix to bench/results/crash_matrix.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import textwrap
+from collections import Counter, defaultdict
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from agents.models import OutboxEmail
+from runs import reconcile, replay, services
+from runs.models import AgentRun, RunStatus
+from runs.tasks import execute_run
+from tests.helpers import EMAIL_ARGS, SAY_DONE, postgres_only, run_python
+
+pytestmark = [postgres_only, pytest.mark.django_db(transaction=True)]
+
+REPEATS = int(os.environ.get("CRASH_MATRIX_REPEATS", "2"))
+SEND_EMAIL = {"call": "send_email", "args": EMAIL_ARGS}
+
+# What the child does before it dies. `KILL` is the SIGKILL every point ends with.
+_PRELUDE = """
+import json, os, signal
+from runs import executor, services
+KILL = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+SCRIPT = json.loads({script!r})
+"""
+_START_AND_EXECUTE = """
+run = services.start_run(agent_name="support", message="Email Jane about her refund.", owner_id="alice",
+                         params={"script": SCRIPT}, enqueue=False)
+print(run.run_id, flush=True)
+executor.execute(run.run_id)
+"""
+
+POINTS: dict[int, dict] = {
+    1: {
+        "label": "after the run row is written, before the claim",
+        "script": [SEND_EMAIL, SAY_DONE],
+        "hook": """
+run = services.start_run(agent_name="support", message="Email Jane about her refund.", owner_id="alice",
+                         params={"script": SCRIPT}, enqueue=False)
+print(run.run_id, flush=True)
+KILL()
+""",
+        "effect": False,
+    },
+    2: {
+        "label": "after the claim, before the first model call",
+        "script": [SEND_EMAIL, SAY_DONE],
+        "hook": """
+from agents.scripted import ScriptedLlm
+async def die(self, llm_request, stream=False):
+    KILL()
+    yield  # pragma: no cover
+ScriptedLlm.generate_content_async = die
+""" + _START_AND_EXECUTE,
+        "effect": False,
+    },
+    3: {
+        "label": "after a function-call event is stored, before the tool starts",
+        "script": [SEND_EMAIL, SAY_DONE],
+        "hook": """
+from runs.journal import JournalPlugin
+async def die(self, *, tool, tool_args, tool_context):
+    KILL()
+JournalPlugin.before_tool_callback = die
+""" + _START_AND_EXECUTE,
+        "effect": False,
+    },
+    4: {
+        "label": "inside the tool, before its effect",
+        "script": [dict(SEND_EMAIL, crash="before_effect"), SAY_DONE],
+        "hook": _START_AND_EXECUTE,
+        "effect": False,
+    },
+    5: {
+        "label": "inside the tool, after its effect",
+        "script": [dict(SEND_EMAIL, crash="after_effect"), SAY_DONE],
+        "hook": _START_AND_EXECUTE,
+        "effect": True,
+    },
+    6: {
+        "label": "after the tool's response is stored, before the next model call",
+        "script": [SEND_EMAIL, SAY_DONE],
+        "hook": """
+from agents.scripted import ScriptedLlm
+original = ScriptedLlm.generate_content_async
+async def die_on_second_call(self, llm_request, stream=False):
+    if self.calls_made >= 1:
+        KILL()
+    async for response in original(self, llm_request, stream):
+        yield response
+ScriptedLlm.generate_content_async = die_on_second_call
+""" + _START_AND_EXECUTE,
+        "effect": True,
+    },
+    7: {
+        "label": "after the final answer, before the run is settled",
+        "script": [SEND_EMAIL, SAY_DONE],
+        "hook": """
+services.settle_run = KILL
+""" + _START_AND_EXECUTE,
+        "effect": True,
+    },
+}
+
+# point -> Counter of outcome descriptions, printed at the end of the module.
+MATRIX: dict[int, Counter] = defaultdict(Counter)
+
+
+def _crash_child(point: int) -> AgentRun:
+    spec = POINTS[point]
+    code = textwrap.dedent(_PRELUDE.format(script=json.dumps(spec["script"]))) + textwrap.dedent(spec["hook"])
+    child = run_python(code)
+    assert child.returncode == -signal.SIGKILL, f"point {point}: the child did not die by SIGKILL\n{child.stderr[-3000:]}"
+    run_id = child.stdout.split()[0]
+    return AgentRun.objects.get(pk=run_id)
+
+
+def _past_the_stale_window() -> timezone.datetime:
+    from django.conf import settings
+
+    return timezone.now() + timedelta(seconds=max(settings.RUN_STALE_AFTER_SECONDS, settings.RUN_REQUEUE_AFTER_SECONDS) + 1)
+
+
+@pytest.mark.parametrize("repetition", range(REPEATS))
+@pytest.mark.parametrize("point", sorted(POINTS))
+def test_a_worker_killed_at_each_point_never_repeats_an_effect(point, repetition, admin_user):
+    run = _crash_child(point)
+    effect_happened = OutboxEmail.objects.filter(run_id=run.run_id).exists()
+    assert effect_happened == POINTS[point]["effect"], "the kill did not land where the point says"
+    attempts_after_crash = run.attempts
+
+    # The world goes on: the periodic job runs (past the stale window), and django-q2 delivers
+    # the lost task again.
+    reconcile.sweep(now=_past_the_stale_window())
+    redelivered = execute_run(str(run.run_id))
+    run.refresh_from_db()
+
+    if point == 1:
+        # Never claimed, so nothing ran: enqueued again, and the redelivery runs it once.
+        assert redelivered == RunStatus.SUCCESS
+        assert run.attempts == 1
+        assert run.tools_executed == ["send_email"]
+    else:
+        assert redelivered == "not claimed", "a redelivered task executed the run again"
+        assert run.attempts == attempts_after_crash == 1
+        assert (run.status, run.error_code) == (RunStatus.ERROR, "reconciled")
+        assert "outcome is unknown" in run.error_message
+    assert run.status in (RunStatus.SUCCESS, RunStatus.ERROR), "the run did not settle"
+
+    effect_may_have_happened = OutboxEmail.objects.filter(run_id=run.run_id).exists() or point >= 3
+    if OutboxEmail.objects.filter(run_id=run.run_id).exists():
+        assert run.tools_executed, "an effect happened but tools_executed says none"
+    if effect_may_have_happened:
+        assert run.tools_executed == ["send_email"]
+    else:
+        assert run.tools_executed == []
+
+    decision = replay.decide(run, force=False)
+    if point == 1:
+        assert decision.code == "run_succeeded"
+    elif effect_may_have_happened:
+        assert decision.code == "tools_called", decision.as_dict()
+    else:
+        assert decision.allowed, decision.as_dict()
+        # The replay the rules allow does the work exactly once, in a run of its own.
+        again = services.replay_run(run.run_id, actor=admin_user)
+        assert execute_run(str(again.run_id)) == RunStatus.SUCCESS
+        assert OutboxEmail.objects.filter(run_id__in=[run.run_id, again.run_id]).count() == 1
+    assert OutboxEmail.objects.filter(run_id=run.run_id).count() <= 1
+
+    MATRIX[point][
+        f"{run.status}/{run.error_code or '-'}, tools {run.tools_executed}, "
+        f"replay {'allowed' if decision.allowed else decision.code}, emails {OutboxEmail.objects.filter(run_id=run.run_id).count()}"
+    ] += 1
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _print_the_matrix(request):
+    yield
+    if not MATRIX:
+        return
+    lines = ["", "Crash matrix (point × outcome, counts):"]
+    for point in sorted(MATRIX):
+        for outcome, count in sorted(MATRIX[point].items()):
+            lines.append(f"  ({point}) {POINTS[point]['label']}: {outcome} × {count}")
+    text = "\n".join(lines)
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        print(text)
+    output = os.environ.get("CRASH_MATRIX_OUTPUT")
+    if output:
+        with open(output, "w") as handle:
+            json.dump(
+                {
+                    "repeats": REPEATS,
+                    "points": {
+                        str(point): {"label": POINTS[point]["label"], "outcomes": dict(MATRIX[point])}
+                        for point in sorted(MATRIX)
+                    },
+                },
+                handle,
+                indent=2,
+            )
