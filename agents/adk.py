@@ -161,11 +161,22 @@ def _orm_thread_call(func: Any) -> None:
     SyncToAsync.single_thread_executor.submit(func).result()
 
 
-def refresh_orm_thread_connections() -> None:
-    """Drop the ORM thread's connection if it is broken or past its age, as a request would."""
-    from django.db import close_old_connections
+def drop_unusable_connection() -> None:
+    """Close this thread's database connection if it is broken; keep a healthy one.
 
-    _orm_thread_call(close_old_connections)
+    close_old_connections() would also close a healthy connection when CONN_MAX_AGE is 0,
+    making every run pay for a new connection.
+    """
+    from django.db import connections
+
+    conn = connections["default"]
+    if conn.connection is not None and (conn.errors_occurred or not conn.is_usable()):
+        conn.close()
+
+
+def refresh_orm_thread_connections() -> None:
+    """Before a run: replace the ORM thread's connection if it broke since the last run."""
+    _orm_thread_call(drop_unusable_connection)
 
 
 def release_process_resources() -> None:

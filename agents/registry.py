@@ -14,9 +14,9 @@ from django.conf import settings
 from google.adk.agents import LlmAgent
 from google.adk.models.base_llm import BaseLlm
 from google.adk.models.registry import LLMRegistry
-from google.adk.tools import preload_memory
 
 from agents import diet, tools
+from agents.preload import PreloadMemoryOncePerInvocation
 from agents.retrying import RetryingLlm
 from agents.scripted import ScriptedLlm, validate_script
 
@@ -37,7 +37,8 @@ class AgentSpec:
     default_script: tuple[Any, ...]
     # Callbacks other parts of the system add to every agent (e.g. the memory diet).
     before_model_callbacks: tuple[Callable[..., Any], ...] = field(default=())
-    # ADK tools the model never calls, which shape each request (e.g. preload_memory).
+    # ADK tools the model never calls, which shape each request (e.g. memory preloading); a
+    # class is instantiated for each agent built, so per-run state stays with its run.
     context_tools: tuple[Any, ...] = field(default=())
 
     @property
@@ -68,7 +69,7 @@ SUPPORT = AgentSpec(
         {"say": "I looked Jane up, emailed her about her refund and noted it in the CRM."},
     ),
     # What this owner told the agent in earlier successful runs is put before the model.
-    context_tools=(preload_memory,),
+    context_tools=(PreloadMemoryOncePerInvocation,),
 )
 
 AGENTS: dict[str, AgentSpec] = {SUPPORT.name: SUPPORT}
@@ -116,6 +117,6 @@ def build_agent(spec: AgentSpec, *, params: dict) -> LlmAgent:
         description=spec.description,
         model=build_model(spec, params),
         instruction=spec.instruction,
-        tools=[*spec.tools, *spec.context_tools],
+        tools=[*spec.tools, *(tool() if isinstance(tool, type) else tool for tool in spec.context_tools)],
         before_model_callback=[*COMMON_BEFORE_MODEL_CALLBACKS, *spec.before_model_callbacks] or None,
     )

@@ -270,8 +270,8 @@ def account(contenders, runs: int, connection, database_sessions) -> dict:
 
 
 def xact_commits(connection) -> int:
-    # Backends flush their statistics when idle for a second; wait for every one of them.
-    time.sleep(1.5)
+    # An idle backend flushes its statistics within ten seconds (PostgreSQL 15): wait for all.
+    time.sleep(11)
     with connection.cursor() as cursor:
         with contextlib.suppress(Exception):
             cursor.execute("SELECT pg_stat_clear_snapshot()")

@@ -27,12 +27,13 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from google.adk.agents.run_config import RunConfig
 from google.adk.apps import App
+from google.adk.errors.already_exists_error import AlreadyExistsError
 from google.adk.events.event import Event
 from google.adk.runners import Runner
 from google.genai import errors as genai_errors
 from google.genai import types
 
-from agents.adk import refresh_orm_thread_connections, run_coroutine, session_service
+from agents.adk import drop_unusable_connection, refresh_orm_thread_connections, run_coroutine, session_service
 from agents.registry import build_agent, get_agent_spec
 from agents.retrying import EMPTY_TURN, RATE_LIMIT, RetryLog, current_retry_log, is_rate_limit
 from agents.scripted import ScriptedModelError
@@ -197,9 +198,11 @@ async def run_agent(
     log_token = current_retry_log.set(retries)
     app = App(name=spec.name, root_agent=build_agent(spec, params=run.params), plugins=[plugin])
     sessions = session_service()
-    session = await sessions.get_session(app_name=spec.name, user_id=run.owner_id, session_id=run.session_id)
-    if session is None:
+    try:
+        # Most runs get a fresh session: create it without reading first.
         await sessions.create_session(app_name=spec.name, user_id=run.owner_id, session_id=run.session_id)
+    except AlreadyExistsError:
+        pass  # a conversation's session, created by its first turn
     runner = Runner(app=app, session_service=sessions, memory_service=memory_service())
     abort_event = asyncio.Event()
     control.attach(asyncio.get_running_loop(), abort_event)
@@ -322,7 +325,7 @@ async def aexecute(
         return None
     outcome = INTERNAL_OUTCOME
     try:
-        await sync_to_async(close_old_connections)()
+        await sync_to_async(drop_unusable_connection)()
         outcome = await run_claimed(run_id, control, on_event=on_event)
     finally:
         await sync_to_async(finish)(run_id, control, outcome)

@@ -273,6 +273,25 @@ def test_a_second_run_recalls_what_the_owner_said_in_the_first(model_requests):
     assert "<PAST_CONVERSATIONS>" not in model_requests[0]
 
 
+def test_memory_is_searched_once_per_run_yet_reaches_every_model_call(model_requests, monkeypatch):
+    run_now(owner_id="alice", message="My dog is called Biscuit and he hates thunder.", params=script_params(SAY_DONE))
+    searches: list[str] = []
+    original = services.search_memories
+
+    def counting(**kwargs):
+        searches.append(kwargs["query"])
+        return original(**kwargs)
+
+    monkeypatch.setattr(services, "search_memories", counting)
+    model_requests.clear()
+    second = run_now(owner_id="alice", message="What is my dog called?", params=script_params(LOOKUP, SEND_EMAIL, SAY_DONE))
+
+    assert second.status == RunStatus.SUCCESS
+    assert len(model_requests) == 3
+    assert all("My dog is called Biscuit" in request for request in model_requests)
+    assert searches == ["What is my dog called?"]
+
+
 def test_only_what_was_said_is_remembered_not_tool_payloads_or_files(tmp_path):
     secret = b"\x89PNG fake image bytes that must never reach memory " * 20
     attachment = tmp_path / "photo.png"
