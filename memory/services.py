@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 from google.adk.events.event import Event
 
@@ -276,9 +277,22 @@ def remember_run(*, run_id: uuid.UUID) -> int:
         invocation_id=run.invocation_id,
     ).order_by("timestamp", "id")
     events = [Event.model_validate({**row.event_data, "id": row.id}) for row in rows if row.event_data]
-    items = memories_from_events(events, session_id=run.session_id, run_id=run.run_id)
-    added = ingest(agent=run.agent_name, owner_id=run.owner_id, items=items)
-    logger.info("Run %s: %d new memories for %s/%s", run_id, added, run.agent_name, run.owner_id)
+    return remember_events(run=run, events=events)
+
+
+def remember_events(*, run: AgentRun, events: Sequence[Event]) -> int:
+    """Add a successful run's events (as stored) to its scope's memory; idempotent like remember_run.
+
+    The worker passes the events ADK yielded, so remembering costs no read of the session.
+    """
+    items = memories_from_events(
+        [event for event in events if event.invocation_id == run.invocation_id],
+        session_id=run.session_id,
+        run_id=run.run_id,
+    )
+    with transaction.atomic():
+        added = ingest(agent=run.agent_name, owner_id=run.owner_id, items=items)
+    logger.info("Run %s: %d new memories for %s/%s", run.run_id, added, run.agent_name, run.owner_id)
     return added
 
 

@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from asgiref.sync import sync_to_async
@@ -38,7 +38,7 @@ from agents.registry import build_agent, get_agent_spec
 from agents.retrying import EMPTY_TURN, RATE_LIMIT, RetryLog, current_retry_log, is_rate_limit
 from agents.scripted import ScriptedModelError
 from memory.adk import memory_service
-from memory.services import remember_run
+from memory.services import remember_events, remember_run
 from runs import services
 from runs.journal import JournalPlugin
 from runs.models import AgentRun, RunStatus
@@ -52,6 +52,9 @@ class Outcome:
     error_code: str = ""
     error_message: str = ""
     result: str = ""
+    # The run's stored events as ADK yielded them: what a successful run adds to memory,
+    # without reading the session back.
+    events: list[Event] = field(default_factory=list)
 
 
 class RunControl:
@@ -59,6 +62,7 @@ class RunControl:
 
     def __init__(self, run_id: uuid.UUID):
         self.run_id = run_id
+        self.run: AgentRun | None = None  # the claimed row, as it was when claimed
         self.abort_reason: str | None = None
         self.cancelled_by_request = False
         self._stop = threading.Event()
@@ -207,6 +211,7 @@ async def run_agent(
     abort_event = asyncio.Event()
     control.attach(asyncio.get_running_loop(), abort_event)
     texts: list[str] = []
+    events: list[Event] = []
     last_error: tuple[str, str] | None = None
     try:
         async for event in runner.run_async(
@@ -216,7 +221,12 @@ async def run_agent(
             new_message=user_content(run),
             run_config=RunConfig(custom_metadata={"run_id": str(run.run_id)}),
             abort_signal=abort_event,
+            yield_user_message=True,
         ):
+            if not event.partial:
+                events.append(event)
+            if event.author == "user" and event.invocation_id == run.invocation_id and not event.get_function_responses():
+                continue  # the run's own message, kept for memory; callers never asked to see it
             if on_event is not None:
                 on_event(event)
             if event.partial:
@@ -253,7 +263,7 @@ async def run_agent(
             return Outcome(RunStatus.ERROR, "empty_turn", empty_turn_message(retries))
         if code != "INVOCATION_ABORTED":
             return Outcome(RunStatus.ERROR, code.lower()[:64], message or code)
-    return Outcome(RunStatus.SUCCESS, result="\n".join(texts))
+    return Outcome(RunStatus.SUCCESS, result="\n".join(texts), events=events)
 
 
 INTERNAL_OUTCOME = Outcome(RunStatus.ERROR, "internal", "The worker stopped before the run finished.")
@@ -261,9 +271,11 @@ INTERNAL_OUTCOME = Outcome(RunStatus.ERROR, "internal", "The worker stopped befo
 
 def begin(run_id: uuid.UUID, control: RunControl) -> bool:
     """Claim the run and start its heartbeat; False if it was no longer queued."""
-    if not services.claim_run(run_id=run_id, worker=services.worker_name()):
+    run = services.claim_and_load_run(run_id=run_id, worker=services.worker_name())
+    if run is None:
         logger.info("Run %s was not claimed: it is no longer queued", run_id)
         return False
+    control.run = run
     control.start()
     return True
 
@@ -276,15 +288,19 @@ def finish(run_id: uuid.UUID, control: RunControl, outcome: Outcome) -> None:
         error_code=outcome.error_code,
         error_message=outcome.error_message,
         result=outcome.result,
+        run=control.run,
     )
     if settled and outcome.status == RunStatus.SUCCESS:
-        _remember(run_id)
+        _remember(run_id, control.run, outcome.events)
 
 
-def _remember(run_id: uuid.UUID) -> None:
+def _remember(run_id: uuid.UUID, run: AgentRun | None, events: list[Event]) -> None:
     # The run has succeeded and is recorded so: failing to remember it must not change that.
     try:
-        remember_run(run_id=run_id)
+        if run is not None and events:
+            remember_events(run=run, events=events)
+        else:
+            remember_run(run_id=run_id)
     except Exception:  # noqa: BLE001
         logger.exception("Run %s: its conversation could not be added to long-term memory", run_id)
 
@@ -293,7 +309,7 @@ async def run_claimed(
     run_id: uuid.UUID, control: RunControl, *, on_event: Callable[[Event], None] | None = None
 ) -> Outcome:
     try:
-        run = await AgentRun.objects.aget(pk=run_id)
+        run = control.run if control.run is not None else await AgentRun.objects.aget(pk=run_id)
         return await run_agent(run, control, on_event=on_event)
     except Exception as exc:  # noqa: BLE001
         logger.exception("Run %s: execution failed", run_id)

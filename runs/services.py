@@ -10,7 +10,6 @@ import shutil
 import socket
 import unicodedata
 import uuid
-from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
@@ -235,6 +234,14 @@ def claim_run(*, run_id: uuid.UUID, worker: str) -> bool:
     return claimed == 1
 
 
+def claim_and_load_run(*, run_id: uuid.UUID, worker: str) -> AgentRun | None:
+    """Claim the run and read it back in one transaction; None if it was no longer queued."""
+    with transaction.atomic():
+        if not claim_run(run_id=run_id, worker=worker):
+            return None
+        return AgentRun.objects.get(pk=run_id)
+
+
 def beat(*, run_id: uuid.UUID) -> bool:
     """Refresh the heartbeat; False once the run is no longer running (e.g. reconciled)."""
     return AgentRun.objects.filter(pk=run_id, status=RunStatus.RUNNING).update(heartbeat_at=timezone.now()) == 1
@@ -292,42 +299,42 @@ def settle_run(
     error_code: str = "",
     error_message: str = "",
     result: str = "",
+    run: AgentRun | None = None,
 ) -> bool:
     """Write the run's outcome if it is still `running`; otherwise keep it as a late outcome.
 
+    `run` (the row as claimed) saves reading it again; only its identity fields are used.
     Returns True if this outcome became the run's status.
     """
-    run = AgentRun.objects.get(pk=run_id)
-    tools = derive_tools_executed(run)
-    now = timezone.now()
-    settled = AgentRun.objects.filter(pk=run_id, status=RunStatus.RUNNING).update(
-        status=status,
-        error_code=error_code[:64],
-        error_message=error_message,
-        result=result,
-        tools_executed=tools,
-        finished_at=now,
-    )
-    if settled:
-        return True
-    # Someone settled it first (a reconciler that thought the worker dead): record what the
-    # worker saw without overwriting the first verdict.
-    AgentRun.objects.filter(pk=run_id).update(
-        late_outcome={
-            "status": status,
-            "error_code": error_code,
-            "error_message": error_message,
-            "result": result,
-            "tools_executed": tools,
-            "finished_at": now.isoformat(),
-        }
-    )
+    with transaction.atomic():
+        if run is None:
+            run = AgentRun.objects.get(pk=run_id)
+        tools = derive_tools_executed(run)
+        now = timezone.now()
+        settled = AgentRun.objects.filter(pk=run_id, status=RunStatus.RUNNING).update(
+            status=status,
+            error_code=error_code[:64],
+            error_message=error_message,
+            result=result,
+            tools_executed=tools,
+            finished_at=now,
+        )
+        if settled:
+            return True
+        # Someone settled it first (a reconciler that thought the worker dead): record what the
+        # worker saw without overwriting the first verdict.
+        AgentRun.objects.filter(pk=run_id).update(
+            late_outcome={
+                "status": status,
+                "error_code": error_code,
+                "error_message": error_message,
+                "result": result,
+                "tools_executed": tools,
+                "finished_at": now.isoformat(),
+            }
+        )
     logger.warning("Run %s finished as %s after it had already been settled", run_id, status)
     return False
-
-
-def runs_with_status(statuses: Iterable[str]):
-    return AgentRun.objects.filter(status__in=list(statuses))
 
 
 # --- Visibility -----------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from agents import registry
+from agents.models import AdkEvent
 from agents.adk import run_coroutine
 from agents.scripted import request_observers
 from memory import services, tasks
@@ -348,6 +349,17 @@ def test_feeding_the_same_run_twice_stores_it_once():
     assert MemoryEntry.objects.count() == 2
     assert services.remember_run(run_id=run.run_id) == 0
     assert MemoryEntry.objects.count() == 2
+
+
+def test_the_worker_remembers_the_stored_events_so_feeding_again_adds_nothing():
+    run = run_now(owner_id="alice", message="My dog is called Biscuit.", params=script_params(LOOKUP, SAY_DONE))
+    stored_ids = set(
+        AdkEvent.objects.filter(session_id=run.session_id).values_list("id", flat=True)
+    )
+    remembered = set(MemoryEntry.objects.filter(owner_id="alice").values_list("event_id", flat=True))
+    assert remembered and remembered <= stored_ids
+    assert services.remember_run(run_id=run.run_id) == 0
+    assert MemoryEntry.objects.filter(owner_id="alice").count() == len(remembered)
 
 
 def test_the_adk_service_ingests_idempotently_and_keeps_only_text():
