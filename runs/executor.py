@@ -24,7 +24,7 @@ from pathlib import Path
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import close_old_connections, connection, transaction
 from google.adk.agents.run_config import RunConfig
 from google.adk.apps import App
 from google.adk.errors.already_exists_error import AlreadyExistsError
@@ -282,25 +282,28 @@ def begin(run_id: uuid.UUID, control: RunControl) -> bool:
 
 def finish(run_id: uuid.UUID, control: RunControl, outcome: Outcome) -> None:
     control.stop()
-    settled = services.settle_run(
-        run_id=run_id,
-        status=outcome.status,
-        error_code=outcome.error_code,
-        error_message=outcome.error_message,
-        result=outcome.result,
-        run=control.run,
-    )
-    if settled and outcome.status == RunStatus.SUCCESS:
-        _remember(run_id, control.run, outcome.events)
+    # One commit for the outcome and the memories it feeds; the memories sit in a savepoint, so
+    # failing to remember can never undo the recorded outcome.
+    with transaction.atomic():
+        settled = services.settle_run(
+            run_id=run_id,
+            status=outcome.status,
+            error_code=outcome.error_code,
+            error_message=outcome.error_message,
+            result=outcome.result,
+            run=control.run,
+        )
+        if settled and outcome.status == RunStatus.SUCCESS:
+            _remember(run_id, control.run, outcome.events)
 
 
 def _remember(run_id: uuid.UUID, run: AgentRun | None, events: list[Event]) -> None:
-    # The run has succeeded and is recorded so: failing to remember it must not change that.
     try:
-        if run is not None and events:
-            remember_events(run=run, events=events)
-        else:
-            remember_run(run_id=run_id)
+        with transaction.atomic():
+            if run is not None and events:
+                remember_events(run=run, events=events)
+            else:
+                remember_run(run_id=run_id)
     except Exception:  # noqa: BLE001
         logger.exception("Run %s: its conversation could not be added to long-term memory", run_id)
 

@@ -334,7 +334,10 @@ def test_a_failed_run_is_not_remembered():
 
 def test_a_memory_failure_never_turns_a_successful_run_into_a_failure(monkeypatch, caplog):
     def broken(**kwargs):
-        raise DatabaseError("memory table unavailable")
+        # A real failed statement: on PostgreSQL it poisons the surrounding transaction, which
+        # the recorded outcome must survive.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT * FROM memory_table_that_does_not_exist")
 
     monkeypatch.setattr(services, "ingest", broken)
     run = run_now(owner_id="alice", message="My dog is called Biscuit.", params=script_params(SAY_DONE))
