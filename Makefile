@@ -41,6 +41,7 @@ $(VENV)/.bench-installed: $(VENV)/.installed bench/requirements.txt
 	touch $@
 
 bench: export DATABASE_URL = $(BENCH_DATABASE_URL)
+bench: export BENCH_POSTGRES = $(patsubst %/,%,$(dir $(BENCH_DATABASE_URL)))
 bench: $(VENV)/.bench-installed
 	mkdir -p bench/results
 	$(PY) bench/overhead.py --runs 200 --warmup 20

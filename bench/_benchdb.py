@@ -71,6 +71,8 @@ def use_database(database: str) -> None:
 
     started = time.monotonic()
     call_command("migrate", verbosity=0)
+    # Recorded now: results are often saved after the database is gone.
+    os.environ["BENCH_POSTGRES_VERSION"] = postgres_version()
     print(f"database {database}: migrated in {time.monotonic() - started:.1f} s", flush=True)
 
 

@@ -114,6 +114,8 @@ def save_results(name: str, rows: list[dict], **extra) -> Path:
 
 
 def _postgres_version() -> str | None:
+    if os.environ.get("BENCH_POSTGRES_VERSION"):
+        return os.environ["BENCH_POSTGRES_VERSION"]
     if "django" not in sys.modules:
         return None
     try:

@@ -74,7 +74,7 @@ def table_rows(benchmarks: list[dict]) -> list[list[str]]:
                 number(item.get("value")),
                 str(item.get("unit") or ""),
                 peer,
-                f"{ratio:.2f}×" if isinstance(ratio, (int, float)) and ratio >= 0.01 else number(ratio),
+                f"{number(ratio)}×" if isinstance(ratio, (int, float)) else "",
                 str(item.get("target") or ""),
                 met_label(item.get("met")),
             ])
