@@ -14,7 +14,8 @@ queued, which is the replay_in_flight path a busy desk hits.
 
 Printed: requests/s, p50/p99 per endpoint, the responses by status and refusal code, the 5xx
 count (target 0) and, from the database afterwards, the replays created per run (target ≤ 1).
-The detail read is the baseline the replay request is compared with (ratio of p50s).
+Peers: the detail read under load is compared with 100 reads by one client alone (measured just
+before the load), the replay request with the detail read under the same load.
 """
 
 from __future__ import annotations
@@ -167,6 +168,22 @@ async def load(url: str, token: str, ids: list[str], *, clients: int, seconds: f
     return {"latencies": latencies, "outcomes": outcomes, "transport_errors": transport_errors, "elapsed": elapsed}
 
 
+def one_client(url: str, token: str, ids: list[str], requests: int, seed: int) -> list[float]:
+    """Run detail reads one at a time: the latency the load is compared with."""
+    import httpx
+
+    rng = random.Random(seed)
+    samples = []
+    with httpx.Client(base_url=url, headers={"Authorization": f"Token {token}"}, timeout=60) as http:
+        for _ in range(requests):
+            started = time.perf_counter()
+            response = http.get(f"/api/runs/{rng.choice(ids)}/")
+            samples.append((time.perf_counter() - started) * 1000)
+            if response.status_code != 200:
+                sys.exit(f"GET run detail answered {response.status_code}: {response.text[:500]}")
+    return samples
+
+
 def replays_per_run(allowed: set[str]) -> dict:
     from django.db.models import Count, Max
 
@@ -210,6 +227,9 @@ def main() -> None:
             wait_ready(server, url, token, ids[0], args.workers, log_path)
             print(f"uvicorn with {args.workers} workers on {url}; {args.clients} clients for {args.seconds:g} s",
                   flush=True)
+            alone = summary(one_client(url, token, ids, 100, args.seed))
+            print(f"one client, run detail reads one at a time: p50 {alone['median']:.1f} ms, "
+                  f"p99 {alone['p99']:.1f} ms", flush=True)
             result = asyncio.run(load(url, token, ids, clients=args.clients, seconds=args.seconds,
                                       replay_share=args.replay_share, seed=args.seed))
         finally:
@@ -253,7 +273,10 @@ def main() -> None:
         row("replays of runs with tools listed", database["refused_runs_replayed"], "", target="= 0"),
     ]
     if detail:
-        rows += [row("GET run detail p50", detail["median"], "ms"), row("GET run detail p99", detail["p99"], "ms")]
+        rows += [
+            row("GET run detail p50", detail["median"], "ms", peer="one client alone", peer_value=alone["median"]),
+            row("GET run detail p99", detail["p99"], "ms", peer="one client alone", peer_value=alone["p99"]),
+        ]
     if replay:
         rows += [
             row("POST replay p50", replay["median"], "ms", peer="GET run detail p50",
@@ -266,6 +289,7 @@ def main() -> None:
         rows,
         parameters=vars(args),
         endpoints=stats,
+        one_client=alone,
         responses=[{"endpoint": e, "status": s, "code": c, "count": n} for (e, s, c), n in sorted(outcomes.items())],
         database=database,
     )
