@@ -261,7 +261,7 @@ def main() -> None:
     print(f"replays created: {database['replays']:,} for {database['runs_replayed']:,} runs; at most "
           f"{database['max_per_run']} per run (target ≤ 1); runs with tools listed that were replayed: "
           f"{database['refused_runs_replayed']}")
-    if fives and server_errors.strip():
+    if (fives or result["transport_errors"]) and server_errors.strip():
         print("\nserver stderr (tail):\n" + server_errors[-3000:])
 
     detail, replay = stats.get("detail"), stats.get("replay")
