@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 
-.PHONY: run test install migrate demo serve clean
+.PHONY: run test install migrate demo serve clean bench bench-crash
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,41 @@ run: migrate
 
 test: install
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# Benchmarks: PostgreSQL only. Each script makes (and drops) its own agentledger_bench_* database
+# on the server BENCH_DATABASE_URL points at, writes bench/results/<name>.json, and report.py
+# prints them all in one table. Sizes are the full ones; a run takes a while on a small machine.
+BENCH_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
+BENCH_REPORT ?= bench/results/report.md
+CRASH_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/agentledger
+CRASH_MATRIX_REPEATS ?= 20
+
+$(VENV)/.bench-installed: $(VENV)/.installed bench/requirements.txt
+	$(PY) -m pip install --quiet -r bench/requirements.txt
+	touch $@
+
+bench: export DATABASE_URL = $(BENCH_DATABASE_URL)
+bench: export BENCH_POSTGRES = $(patsubst %/,%,$(dir $(BENCH_DATABASE_URL)))
+bench: $(VENV)/.bench-installed
+	mkdir -p bench/results
+	$(PY) bench/overhead.py --runs 200 --warmup 20
+	$(PY) bench/dbos_peer.py --units 300 --warmup 30
+	$(PY) bench/replay_load.py --runs 1000 --clients 50 --seconds 30 --workers 4
+	$(PY) bench/reconcile_sweep.py
+	$(PY) bench/purge_events.py
+	$(PY) bench/memory_search.py --rows 1000000 --owners 10000
+	$(PY) bench/admin_changelist.py --runs 1000000
+	$(PY) bench/diet_request_size.py
+	$(PY) bench/chat_ttfe.py --turns 40
+	if [ -f bench/webhook_throughput.py ]; then $(PY) bench/webhook_throughput.py; fi
+	$(PY) bench/report.py --markdown $(BENCH_REPORT)
+
+# A worker SIGKILLed at each of the seven points of a run, CRASH_MATRIX_REPEATS times per point.
+bench-crash: install
+	mkdir -p bench/results
+	CRASH_MATRIX_REPEATS=$(CRASH_MATRIX_REPEATS) CRASH_MATRIX_OUTPUT=bench/results/crash_matrix.json \
+		DATABASE_URL=$(CRASH_DATABASE_URL) $(VENV)/bin/pytest -q tests/test_crash_matrix.py
+	$(PY) bench/report.py
 
 clean:
 	rm -rf $(VENV) var db.sqlite3* .test-db.sqlite3* .pytest_cache

@@ -1,6 +1,8 @@
 """A throw-away PostgreSQL database for one benchmark: created, migrated, dropped at the end.
 
-DATABASE_URL must point at a PostgreSQL server; only its server and credentials are used.
+The server comes from DATABASE_URL (only its host and credentials are used; `make bench` passes
+BENCH_DATABASE_URL), else BENCH_POSTGRES, else the local server on 127.0.0.1:5432. Every
+benchmark database is named agentledger_bench_<name>, so nothing else on the server is touched.
 """
 
 from __future__ import annotations
@@ -16,52 +18,101 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432/postgres"
+PREFIX = "agentledger_bench_"
 
-def _server_url(url: str, database: str) -> str:
+
+def database_url(database: str) -> str:
+    """The URL of `database` on the benchmark server."""
+    url = os.environ.get("DATABASE_URL") or os.environ.get("BENCH_POSTGRES") or DEFAULT_SERVER
+    if not url.startswith(("postgres://", "postgresql://")):
+        sys.exit(f"DATABASE_URL={url!r}: the benchmarks need PostgreSQL, e.g. {DEFAULT_SERVER}")
     parts = urlsplit(url)
     return urlunsplit((parts.scheme, parts.netloc, f"/{database}", parts.query, parts.fragment))
 
 
-@contextlib.contextmanager
-def bench_database(name: str):
+def _admin(sql: str, params: list | None = None):
     import psycopg
 
-    url = os.environ.get("DATABASE_URL", "")
-    if not url.startswith(("postgres://", "postgresql://")):
-        sys.exit("Set DATABASE_URL to a PostgreSQL URL, e.g. postgres://postgres@127.0.0.1:5432/postgres")
-    database = f"agentledger_bench_{name}"
-    admin_url = _server_url(url, "postgres")
+    with psycopg.connect(database_url("postgres"), autocommit=True) as conn:
+        return conn.execute(sql, params).fetchall() if params is not None else conn.execute(sql)
 
-    def admin(sql: str) -> None:
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(sql)
 
-    admin(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-    admin(f'CREATE DATABASE "{database}"')
-    os.environ["DATABASE_URL"] = _server_url(url, database)
+def _checked(database: str) -> str:
+    # Dropping is WITH (FORCE): refuse any name that is not a benchmark's own.
+    if not database.startswith(PREFIX):
+        raise ValueError(f"{database!r} is not a benchmark database (names start with {PREFIX!r})")
+    return database
+
+
+def drop_database(database: str) -> None:
+    _admin(f'DROP DATABASE IF EXISTS "{_checked(database)}" WITH (FORCE)')
+
+
+def create_database(database: str, *, fresh: bool = True) -> bool:
+    """Create `database` (dropping it first if `fresh`); False if it already existed and was kept."""
+    if fresh:
+        drop_database(database)
+    elif _admin("SELECT 1 FROM pg_database WHERE datname = %s", [_checked(database)]):
+        return False
+    _admin(f'CREATE DATABASE "{_checked(database)}"')
+    return True
+
+
+def use_database(database: str) -> None:
+    """Point this process's Django (and the child processes it starts) at `database`, migrated."""
+    os.environ["DATABASE_URL"] = database_url(database)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ.setdefault("RUN_INPUTS_DIR", tempfile.mkdtemp(prefix="bench-inputs-"))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    started = time.monotonic()
+    call_command("migrate", verbosity=0)
+    # Recorded now: results are often saved after the database is gone.
+    os.environ["BENCH_POSTGRES_VERSION"] = postgres_version()
+    print(f"database {database}: migrated in {time.monotonic() - started:.1f} s", flush=True)
+
+
+@contextlib.contextmanager
+def bench_database(name: str, *, fresh: bool = True, keep: bool = False):
+    """agentledger_bench_<name>, created and migrated, Django set up on it; dropped at the end.
+
+    fresh=False reuses the database if it exists (for data that is slow to load); keep=True
+    leaves it in place at the end for inspection or the next run.
+    """
+    database = _checked(f"{PREFIX}{name}")
+    created = create_database(database, fresh=fresh)
+    print(f"database {database}: {'created' if created else 'reused'}", flush=True)
     try:
-        import django
-
-        django.setup()
-        from django.core.management import call_command
-
-        started = time.monotonic()
-        call_command("migrate", verbosity=0)
-        print(f"database {database}: created and migrated in {time.monotonic() - started:.1f} s")
+        use_database(database)
         yield database
     finally:
         try:
-            from django.db import connections
+            if "django" in sys.modules:
+                from django.db import connections
 
-            from agents.adk import release_process_resources
+                if "agents.adk" in sys.modules:
+                    from agents.adk import release_process_resources
 
-            release_process_resources()
-            connections.close_all()
+                    release_process_resources()
+                connections.close_all()
         finally:
-            admin(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-            print(f"database {database}: dropped")
+            if keep:
+                print(f"database {database}: kept")
+            else:
+                drop_database(database)
+                print(f"database {database}: dropped")
+
+
+def postgres_version() -> str:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW server_version")
+        return cursor.fetchone()[0]
 
 
 @contextlib.contextmanager

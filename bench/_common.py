@@ -1,7 +1,9 @@
-"""Shared plumbing for the benchmarks: a dedicated PostgreSQL database, statistics, results.
+"""Statistics and the one results format shared by every benchmark.
 
 Benchmarks are scripts, not tests: each prints its figures and the ratio against its peer
-measured in the same run, and stores them under bench/results/ for `make bench` to gather.
+measured in the same run, and stores its headline figures with `save_results` under
+bench/results/<name>.json, which bench/report.py gathers into one table. The database a
+benchmark runs on comes from `_benchdb.bench_database`.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -18,40 +21,6 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 PROJECT_DIR = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
-DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432"
-
-
-def setup_django(database: str, *, fresh: bool = False) -> None:
-    """Point Django at a dedicated PostgreSQL database (created if needed) and migrate it."""
-    sys.path.insert(0, str(PROJECT_DIR))
-    server = os.environ.get("BENCH_POSTGRES", DEFAULT_SERVER).rstrip("/")
-    import psycopg
-
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
-        exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone()
-        if exists and fresh:
-            admin.execute(f'DROP DATABASE "{database}" WITH (FORCE)')
-            exists = None
-        if not exists:
-            admin.execute(f'CREATE DATABASE "{database}"')
-    os.environ["DATABASE_URL"] = f"{server}/{database}"
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    os.environ.setdefault("SCRIPTED_FAULTS_ENABLED", "true")
-    os.environ.setdefault("EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBackend")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-
-
-def drop_database(database: str) -> None:
-    server = os.environ.get("BENCH_POSTGRES", DEFAULT_SERVER).rstrip("/")
-    import psycopg
-
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -84,16 +53,42 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}"
 
 
-def postgres_version() -> str:
-    from django.db import connection
+_TARGET = re.compile(r"^\s*(≤|<=|<|≥|>=|>|==|=)\s*([-+]?[\d,]*\.?\d+)")
+_COMPARE = {
+    "≤": float.__le__, "<=": float.__le__, "<": float.__lt__,
+    "≥": float.__ge__, ">=": float.__ge__, ">": float.__gt__,
+    "=": float.__eq__, "==": float.__eq__,
+}
 
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW server_version")
-        return cursor.fetchone()[0]
+
+def target_met(value, target) -> bool | None:
+    """Whether `value` meets a target written as "≤ 1.10", "= 0", "≥ 100 (goal)"; None if no target."""
+    if target in (None, "") or value is None:
+        return None
+    match = _TARGET.match(str(target))
+    if not match:
+        return None
+    return _COMPARE[match.group(1)](float(value), float(match.group(2).replace(",", "")))
+
+
+def row(metric: str, value, unit: str = "", *, peer: str | None = None, peer_value=None, ratio=None,
+        target: str | None = None) -> dict:
+    """One headline figure. `ratio` is value / peer_value (computed when both are numbers): the
+    figure as a multiple of the peer's, so 0.1 for a time means ten times faster than the peer."""
+    if ratio is None and isinstance(value, (int, float)) and isinstance(peer_value, (int, float)) and peer_value:
+        ratio = value / peer_value
+    return {
+        "metric": metric, "value": value, "unit": unit, "peer": peer, "peer_value": peer_value,
+        "ratio": ratio, "target": target, "met": target_met(value, target),
+    }
 
 
 def save_results(name: str, rows: list[dict], **extra) -> Path:
-    """rows: [{"metric", "value", "unit", "peer", "peer_value", "ratio", "target"}]."""
+    """Write bench/results/<name>.json: {"benchmark", "date", "machine", "postgres", "commit", "rows", ...extra}.
+
+    rows: [{"metric", "value", "unit", "peer", "peer_value", "ratio", "target", "met"}] (see `row`;
+    plain dicts with some keys missing are accepted, "met" is then derived from "target").
+    """
     RESULTS_DIR.mkdir(exist_ok=True)
     path = RESULTS_DIR / f"{name}.json"
     try:
@@ -102,16 +97,37 @@ def save_results(name: str, rows: list[dict], **extra) -> Path:
         ).stdout.strip()
     except OSError:
         commit = ""
+    rows = [{**r, "met": r["met"] if r.get("met") is not None else target_met(r.get("value"), r.get("target"))}
+            for r in rows]
     payload = {
         "benchmark": name,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": machine(),
+        "postgres": _postgres_version(),
         "commit": commit,
         "rows": rows,
         **extra,
     }
     path.write_text(json.dumps(payload, indent=2, default=str))
+    print(f"results: {path.relative_to(PROJECT_DIR)}")
     return path
+
+
+def _postgres_version() -> str | None:
+    if os.environ.get("BENCH_POSTGRES_VERSION"):
+        return os.environ["BENCH_POSTGRES_VERSION"]
+    if "django" not in sys.modules:
+        return None
+    try:
+        from django.db import connection
+
+        if connection.vendor != "postgresql":
+            return None
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW server_version")
+            return cursor.fetchone()[0]
+    except Exception:  # the results matter more than this label
+        return None
 
 
 def print_table(headers: list[str], rows: list[list]) -> None:
@@ -121,3 +137,21 @@ def print_table(headers: list[str], rows: list[list]) -> None:
         print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)))
         if index == 0:
             print("  ".join("-" * w for w in widths))
+
+
+# Kept for bench/overhead.py and bench/dbos_peer.py, which predate `_benchdb.bench_database`;
+# both are the same create/migrate/drop, so there is one implementation of it.
+def setup_django(database: str, *, fresh: bool = False) -> None:
+    """Point Django at `database` (created if needed, recreated if `fresh`) and migrate it."""
+    from _benchdb import create_database, use_database
+
+    os.environ.setdefault("SCRIPTED_FAULTS_ENABLED", "true")
+    os.environ.setdefault("EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBackend")
+    create_database(database, fresh=fresh)
+    use_database(database)
+
+
+def drop_database(database: str) -> None:
+    from _benchdb import drop_database as drop
+
+    drop(database)

@@ -8,10 +8,12 @@ same run:
              (facet counts left at Django's default, offered on request: "Show counts" on
              this table ran for over five minutes in a first attempt, so it is not measured).
 
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/agentledger_bench \\
-        .venv/bin/python bench/admin_changelist.py --runs 1000000
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres \\
+        .venv/bin/python bench/admin_changelist.py --runs 1000000 [--keep]
 
-It prints the median of --repeat requests per page and the ratio defaults / desk.
+It prints the median of --repeat requests per page and the ratio defaults / desk. The runs are
+written into agentledger_bench_admin, dropped at the end unless --keep (which also reuses the
+runs a previous --keep run left).
 """
 
 from __future__ import annotations
@@ -19,13 +21,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 import uuid
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+from _benchdb import bench_database
+from _common import row, save_results
+
 os.environ.setdefault("ALLOWED_HOSTS", "testserver,127.0.0.1,localhost")
 
 
@@ -33,15 +34,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--keep", action="store_true", help="keep the database (and reuse a kept one)")
     args = parser.parse_args()
+    if args.runs < 1 or args.repeat < 1:
+        parser.error("--runs and --repeat must be positive")
+    with bench_database("admin", fresh=not args.keep, keep=args.keep):
+        measure_pages(args)
 
-    import django
 
-    django.setup()
+def measure_pages(args) -> None:
     from django.conf import settings
     from django.contrib import admin
     from django.contrib.auth.models import User
-    from django.core.management import call_command
     from django.core.paginator import Paginator
     from django.db import connection
     from django.test import Client
@@ -52,7 +56,6 @@ def main() -> None:
 
     if "testserver" not in settings.ALLOWED_HOSTS:
         settings.ALLOWED_HOSTS.append("testserver")
-    call_command("migrate", verbosity=0)
     have = AgentRun.objects.count()
     if have < args.runs:
         print(f"Writing {args.runs - have} runs…", flush=True)
@@ -99,12 +102,13 @@ def main() -> None:
         "show_full_result_count": True,
         "show_facets": admin.ShowFacets.ALLOW,
     }
+    have_now = AgentRun.objects.count()
     pages = {
         "all runs": {},
         "status=error": {"status__exact": "error"},
         "tools=called": {"tools": "called"},
         "search owner": {"q": "customer-42"},
-        "search run id": {"q": str(AgentRun.objects.order_by("created_at").values_list("run_id", flat=True)[500_000])},
+        "search run id": {"q": str(AgentRun.objects.order_by("created_at").values_list("run_id", flat=True)[have_now // 2])},
     }
 
     def measure(config: dict, query: dict) -> tuple[float, int]:
@@ -120,14 +124,17 @@ def main() -> None:
             queries = len(captured)
         return statistics.median(timings) * 1000, queries
 
-    print(f"{connection.vendor}, {AgentRun.objects.count()} runs, median of {args.repeat} requests")
+    print(f"{connection.vendor}, {have_now} runs, median of {args.repeat} requests")
     print(f"{'page':<14} {'desk ms':>9} {'queries':>8} {'defaults ms':>12} {'queries':>8} {'ratio':>7}")
+    rows = []
     for label, query in pages.items():
         desk_ms, desk_q = measure(shipped, query)
         peer_ms, peer_q = measure(defaults, query)
         print(f"{label:<14} {desk_ms:>9.1f} {desk_q:>8} {peer_ms:>12.1f} {peer_q:>8} {peer_ms / desk_ms:>6.1f}x")
+        rows.append(row(f"run list, {label}", desk_ms, "ms", peer="Django's defaults", peer_value=peer_ms))
     for name, value in shipped.items():
         setattr(model_admin, name, value)
+    save_results("admin_changelist", rows, runs=have_now, repeat=args.repeat)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,14 @@
 """Time to first streamed event of a chat turn: through the live server vs the ADK runner in-process.
 
-    python bench/chat_ttfe.py [--turns 40] [--database-url postgres://…]
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres python bench/chat_ttfe.py [--turns 40]
 
 The server path is what a client sees: an HTTP POST to `/api/chat/` on the ASGI server that
 `manage.py serve` starts (token authentication, the run written before it executes, the claim,
 the heartbeat, the journal, the retrying model), timed from sending the request to receiving the
 first ADK event of the stream. Its peer calls ADK's runner directly in this process with the same
 agent and the same script on the same database, timed from creating the session to the first
-event. Both play the same script and read their whole turn. Without --database-url the
-benchmark uses a fresh SQLite file in a temporary directory.
+event. Both play the same script and read their whole turn, on their own PostgreSQL database
+(agentledger_bench_chat, dropped at the end).
 """
 
 from __future__ import annotations
@@ -18,25 +18,19 @@ import os
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-BASE_DIR = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(BASE_DIR))
+from _benchdb import ROOT as BASE_DIR
+from _benchdb import bench_database
+from _common import percentile, row, save_results
 
 SCRIPT = [
     {"call": "lookup_customer", "args": {"email": "jane@example.com"}},
     {"say": "Jane is a customer on the pro plan."},
 ]
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
 
 
 def free_port() -> int:
@@ -45,10 +39,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def configure(database_url: str | None, var_dir: Path) -> dict[str, str]:
+def configure(var_dir: Path) -> dict[str, str]:
     env = {
         "DJANGO_SETTINGS_MODULE": "config.settings",
-        "DATABASE_URL": database_url or f"sqlite:///{var_dir / 'bench.sqlite3'}",
         "VAR_DIR": str(var_dir),
         "EMAIL_BACKEND": "django.core.mail.backends.locmem.EmailBackend",
         "LOG_LEVEL": "WARNING",
@@ -107,7 +100,7 @@ async def direct_turn() -> float:
 
 def summary(name: str, values: list[float]) -> str:
     ms = [v * 1000 for v in values]
-    return (f"{name:<28} median {statistics.median(ms):7.1f} ms   p95 {percentile(ms, 0.95):7.1f} ms   "
+    return (f"{name:<28} median {statistics.median(ms):7.1f} ms   p95 {percentile(ms, 95):7.1f} ms   "
             f"min {min(ms):6.1f} ms   (n={len(ms)})")
 
 
@@ -115,22 +108,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--database-url", default=None)
     args = parser.parse_args()
+    if args.turns < 1 or args.warmup < 0:
+        parser.error("--turns must be positive, --warmup not negative")
 
-    with tempfile.TemporaryDirectory(prefix="chat-ttfe-") as tmp:
-        env = configure(args.database_url, Path(tmp))
-        import django
-
-        django.setup()
+    with tempfile.TemporaryDirectory(prefix="chat-ttfe-") as tmp, bench_database("chat"):
+        env = configure(Path(tmp))
         from django.contrib.auth import get_user_model
-        from django.core.management import call_command
+        from django.db import connection
         from rest_framework.authtoken.models import Token
 
         from agents.adk import release_process_resources, run_coroutine
         from runs.management.commands.serve import web_command
 
-        call_command("migrate", verbosity=0)
+        vendor = connection.vendor
         user, _ = get_user_model().objects.get_or_create(username="bench")
         token = Token.objects.get_or_create(user=user)[0].key
 
@@ -166,15 +157,25 @@ def main() -> None:
             server.wait(timeout=30)
             release_process_resources()
 
-    from django.db import connection
-
-    print(f"Time to first streamed event of a chat turn ({connection.vendor}, script: lookup_customer then say)")
+    print(f"Time to first streamed event of a chat turn ({vendor}, script: lookup_customer then say)")
     print(summary("live server (HTTP, SSE)", via_server))
     print(summary("  of which: run written, 1st byte", heads))
     print(summary("ADK runner in-process", direct))
     ratio_median = statistics.median(via_server) / statistics.median(direct)
-    ratio_p95 = percentile(via_server, 0.95) / percentile(direct, 0.95)
+    ratio_p95 = percentile(via_server, 95) / percentile(direct, 95)
     print(f"ratio server/direct: median {ratio_median:.2f}x   p95 {ratio_p95:.2f}x")
+    ms = [[v * 1000 for v in values] for values in (via_server, heads, direct)]
+    save_results(
+        "chat_ttfe",
+        [
+            row("first streamed event via the live server, median", statistics.median(ms[0]), "ms",
+                peer="ADK runner in-process", peer_value=statistics.median(ms[2])),
+            row("first streamed event via the live server, p95", percentile(ms[0], 95), "ms",
+                peer="ADK runner in-process", peer_value=percentile(ms[2], 95)),
+            row("run written, first byte, median", statistics.median(ms[1]), "ms"),
+        ],
+        turns=args.turns, warmup=args.warmup,
+    )
 
 
 if __name__ == "__main__":

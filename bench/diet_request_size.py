@@ -16,6 +16,7 @@ import os
 import uuid
 
 from _benchdb import bench_database
+from _common import row, save_results
 
 os.environ.setdefault("LOG_LEVEL", "ERROR")
 
@@ -72,6 +73,16 @@ def main() -> None:
               f"ratio without / with: {without_diet[-1] / with_diet[-1]:.2f}x")
         print(f"  all {TURNS} turns: {sum(with_diet):,} bytes with the diet, {sum(without_diet):,} without; "
               f"ratio {sum(without_diet) / sum(with_diet):.2f}x")
+        save_results(
+            "diet_request_size",
+            [
+                row(f"request at turn {TURNS}, {IMAGE_BYTES // 1024} KB image per turn", with_diet[-1], "bytes",
+                    peer="without the diet", peer_value=without_diet[-1]),
+                row(f"all {TURNS} requests", sum(with_diet), "bytes", peer="without the diet",
+                    peer_value=sum(without_diet)),
+            ],
+            with_diet=with_diet, without_diet=without_diet,
+        )
 
 
 if __name__ == "__main__":

@@ -16,16 +16,13 @@ Options: --rows, --owners, --heavy, --queries, --keep (leave the database for in
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import sys
 import time
-from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-BASE_DIR = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(BASE_DIR))
+from _benchdb import bench_database
+from _common import row, save_results
 
 AGENT = "support"
 PEER = "memory_entries_without_gin"
@@ -58,11 +55,6 @@ def percentile(samples: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
 
 
-def with_database(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -75,30 +67,8 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the benchmark database")
     args = parser.parse_args()
 
-    server_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
-    if not server_url.startswith(("postgres://", "postgresql://")):
-        print("DATABASE_URL must point at a PostgreSQL server (any database on it).", file=sys.stderr)
-        return 2
-
-    import psycopg
-
-    bench_db = f"agentledger_bench_memory_{os.getpid()}"
-    admin_url = with_database(server_url, "postgres")
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{bench_db}"')
-    os.environ["DATABASE_URL"] = with_database(server_url, bench_db)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    try:
+    with bench_database("memory", keep=args.keep):
         return run(args)
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        if args.keep:
-            print(f"kept database {bench_db}")
-        else:
-            with psycopg.connect(admin_url, autocommit=True) as admin:
-                admin.execute(f'DROP DATABASE IF EXISTS "{bench_db}" WITH (FORCE)')
 
 
 def run(args) -> int:
@@ -106,7 +76,6 @@ def run(args) -> int:
 
     django.setup()
     from django.conf import settings
-    from django.core.management import call_command
     from django.db import connection
 
     from memory import fulltext, services
@@ -115,7 +84,6 @@ def run(args) -> int:
     rng = random.Random(20261129)
     words = vocabulary(args.vocabulary, rng)
 
-    call_command("migrate", "memory", verbosity=0)
     typical = (args.rows - args.heavy) // (args.owners - 1)
     print(
         f"PostgreSQL {connection.pg_version // 10000}: {args.rows:,} memories of {args.owners:,} owners "
@@ -241,8 +209,15 @@ def run(args) -> int:
     print("  with the GIN index:\n" + explain(sql, params))
     print("  without it:\n" + explain(sql.replace('"memory_entries"', f'"{PEER}"'), params))
 
-    measure("one typical owner's search", typical_work)
-    measure("the heavy owner's search (owner-0)", heavy_work)
+    typical_figures = measure("one typical owner's search", typical_work)
+    heavy_figures = measure("the heavy owner's search (owner-0)", heavy_work)
+    rows = []
+    for who, figures in (("typical owner", typical_figures), ("heavy owner", heavy_figures)):
+        for index, label in enumerate(("p50", "p99")):
+            rows.append(row(f"search, {who}, {label}", figures["with"][index], "ms",
+                            peer="without the GIN index", peer_value=figures["without"][index]))
+    save_results("memory_search", rows, memories=args.rows, owners=args.owners, heavy_owner_memories=args.heavy,
+                 queries=args.queries, gin_index_size=index_size)
     return 0
 
 

@@ -16,6 +16,7 @@ import statistics
 import time
 
 from _benchdb import bench_database, timed
+from _common import row, save_results
 
 os.environ.setdefault("LOG_LEVEL", "ERROR")
 
@@ -129,6 +130,18 @@ def main() -> None:
         print(f"  single:  {single / single_seconds:,.0f} events/s, longest transaction {single_seconds * 1000:.0f} ms")
         print(f"  throughput batched / single: {report.events_per_second / (single / single_seconds):.2f}x; "
               f"longest transaction single / batched: {single_seconds / report.longest_batch_seconds:,.0f}x shorter")
+        save_results(
+            "purge_events",
+            [
+                row(f"batched purge of {report.deleted:,} events among {EVENTS:,}", report.events_per_second,
+                    "events/s", peer="one DELETE", peer_value=single / single_seconds),
+                row("longest transaction", report.longest_batch_seconds * 1000, "ms",
+                    peer="one DELETE", peer_value=single_seconds * 1000),
+                row("median transaction", statistics.median(batches) * 1000, "ms"),
+            ],
+            events=EVENTS, old=OLD, batch_size=BATCH_SIZE, batches=report.batches, seconds=report.seconds,
+            single_delete_seconds=single_seconds,
+        )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from datetime import timedelta
 import os
 
 from _benchdb import bench_database, timed
+from _common import row, save_results
 
 # One warning per reconciled run is right in production, noise here.
 os.environ.setdefault("LOG_LEVEL", "ERROR")
@@ -154,6 +155,17 @@ def main() -> None:
         print(f"  candidate scan with the (status, heartbeat_at) index: {indexed_scan * 1000:.2f} ms")
         print(f"  candidate scan with index scans disabled (peer):      {unindexed_scan * 1000:.2f} ms")
         print(f"  ratio peer / indexed: {unindexed_scan / indexed_scan:,.0f}x")
+        save_results(
+            "reconcile_sweep",
+            [
+                row(f"sweep reconciling {STALE:,} stale runs among {TOTAL:,}", statistics.median(rounds), "s"),
+                row("reconciled runs per second", STALE / statistics.median(rounds), "runs/s"),
+                row("every-minute sweep, nothing stale", statistics.median(empty) * 1000, "ms"),
+                row("candidate scan, (status, heartbeat_at) index", indexed_scan * 1000, "ms",
+                    peer="index scans disabled", peer_value=unindexed_scan * 1000),
+            ],
+            runs=TOTAL, stale=STALE, sweeps_seconds=rounds, empty_sweeps_seconds=empty,
+        )
 
 
 if __name__ == "__main__":
