@@ -137,21 +137,3 @@ def print_table(headers: list[str], rows: list[list]) -> None:
         print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)))
         if index == 0:
             print("  ".join("-" * w for w in widths))
-
-
-# Kept for bench/overhead.py and bench/dbos_peer.py, which predate `_benchdb.bench_database`;
-# both are the same create/migrate/drop, so there is one implementation of it.
-def setup_django(database: str, *, fresh: bool = False) -> None:
-    """Point Django at `database` (created if needed, recreated if `fresh`) and migrate it."""
-    from _benchdb import create_database, use_database
-
-    os.environ.setdefault("SCRIPTED_FAULTS_ENABLED", "true")
-    os.environ.setdefault("EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBackend")
-    create_database(database, fresh=fresh)
-    use_database(database)
-
-
-def drop_database(database: str) -> None:
-    from _benchdb import drop_database as drop
-
-    drop(database)

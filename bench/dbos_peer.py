@@ -25,24 +25,32 @@ import time
 import uuid
 from collections import defaultdict
 
-from _common import print_table, save_results, setup_django, summary
+from _benchdb import bench_database
+from _common import print_table, save_results, summary
 
-DATABASE = "agentledger_bench_dbos_app"
 DBOS_SYSTEM_DATABASE = "agentledger_bench_dbos_sys"
 
 
 def main() -> None:
+    args = parse_args()
+    os.environ.setdefault("EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBackend")
+    with bench_database('dbos_app'):
+        measure(args)
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--units", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--block", type=int, default=10)
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    setup_django(DATABASE, fresh=True)
+
+def measure(args: argparse.Namespace) -> None:
     from asgiref.sync import sync_to_async
     from dbos import DBOS
 
-    from _common import drop_database
+    from _benchdb import database_url, drop_database
     from google.adk.events.event import Event
     from google.genai import types
 
@@ -69,8 +77,8 @@ def main() -> None:
     effects = [("send_email", send_email_effect), ("update_crm", update_crm_effect), ("lookup_customer", lookup_effect)]
 
     drop_database(DBOS_SYSTEM_DATABASE)
-    server = os.environ.get("BENCH_POSTGRES", "postgres://postgres@127.0.0.1:5432").rstrip("/")
-    DBOS(config={"name": "agent-ledger-peer", "system_database_url": f"{server}/{DBOS_SYSTEM_DATABASE}".replace("postgres://", "postgresql://")})
+    system_url = database_url(DBOS_SYSTEM_DATABASE).replace("postgres://", "postgresql://", 1)
+    DBOS(config={"name": "agent-ledger-peer", "system_database_url": system_url})
 
     @DBOS.step()
     def send_email_step(run_id: str):

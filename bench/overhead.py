@@ -20,17 +20,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import time
 import uuid
 from collections import defaultdict
 
-from _common import print_table, save_results, setup_django, summary
+from _benchdb import bench_database
+from _common import print_table, save_results, summary
 
-DATABASE = "agentledger_bench_overhead"
 TOOL_CALLS_PER_RUN = 3
 
 
 def main() -> None:
+    args = parse_args()
+    os.environ.setdefault("EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBackend")
+    with bench_database('overhead'):
+        measure(args)
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=200, help="timed runs per contender")
     parser.add_argument("--warmup", type=int, default=20, help="untimed runs per contender first")
@@ -39,8 +47,10 @@ def main() -> None:
     args = parser.parse_args()
     if min(args.runs, args.block, args.accounting_runs) < 1 or args.warmup < 0:
         parser.error("--runs, --block and --accounting-runs must be positive, --warmup not negative")
+    return args
 
-    setup_django(DATABASE, fresh=True)
+
+def measure(args: argparse.Namespace) -> None:
 
     from django.db import connection
     from google.adk.apps import App
