@@ -564,13 +564,16 @@ def _start_attempt(
     if run.input_file:
         # Files are not transactional: if the event's transaction rolls back, the caller removes it.
         _track_run_dir(services.run_inputs_dir(run.run_id))
-    AgentRun.objects.filter(pk=run.pk).update(
+    links = dict(
         webhook_event=event,
         replay_of=previous,
         forced=forced_by is not None,
         forced_by=forced_by,
         force_reason=force_reason,
     )
+    AgentRun.objects.filter(pk=run.pk).update(**links)
+    for key, value in links.items():
+        setattr(run, key, value)
     _set(event, status=EventStatus.PROCESSING, attempts=event.attempts + 1, finished_at=None)
     logger.info("Webhook event %s: attempt %d is run %s", event.event_id, event.attempts, run.run_id)
     return run
