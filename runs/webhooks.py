@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
 import json
@@ -40,7 +41,7 @@ import shutil
 import threading
 import unicodedata
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -588,18 +589,18 @@ def _track_run_dir(path: Path) -> None:
         _local.dirs.append(path)
 
 
-class files_follow_transaction:
+@contextlib.contextmanager
+def files_follow_transaction() -> Iterator[None]:
     """Around a transaction that may start runs: their input copies are removed if it fails."""
-
-    def __enter__(self) -> None:
-        _local.dirs = []
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        made = getattr(_local, "dirs", [])
+    _local.dirs = []
+    try:
+        yield
+    except BaseException:
+        for path in _local.dirs:
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+    finally:
         del _local.dirs
-        if exc_type is not None:
-            for path in made:
-                shutil.rmtree(path, ignore_errors=True)
 
 
 def _advance(event: WebhookEvent, *, was: str, now: datetime) -> uuid.UUID | None:

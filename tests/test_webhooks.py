@@ -15,7 +15,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.contrib.admin.models import LogEntry
 from django.db import connection
 from django.test import Client
 from django.utils import timezone
@@ -577,3 +576,26 @@ def test_four_workers_racing_over_the_same_events_start_one_run_each(enqueued, s
     assert set(WebhookEvent.objects.values_list("status", flat=True)) == {"done"}
     assert AgentRun.objects.count() == 12
     assert sorted(str(e) for e in AgentRun.objects.values_list("webhook_event_id", flat=True)) == sorted(ids)
+
+
+def test_a_failure_while_starting_an_attempt_leaves_no_run_and_no_copy(enqueued, settings, monkeypatch):
+    make_source()
+    event_id = deliver({"attachments": [attachment()]}).json()["event_id"]
+    real_set = webhooks._set
+
+    def failing_set(event, **fields):
+        if "attempts" in fields:
+            raise RuntimeError("the database went away")
+        real_set(event, **fields)
+
+    monkeypatch.setattr(webhooks, "_set", failing_set)
+    with pytest.raises(RuntimeError):
+        webhooks.process_event(event_id=event_id)
+
+    assert AgentRun.objects.count() == 0
+    inputs = Path(settings.RUN_INPUTS_DIR)
+    assert not inputs.exists() or list(inputs.iterdir()) == []
+    event = WebhookEvent.objects.get(pk=event_id)
+    assert (event.status, event.attempts, event.leased_by) == ("received", 0, "")
+    monkeypatch.setattr(webhooks, "_set", real_set)
+    assert webhooks.process_event(event_id=event_id) == EventStatus.DONE
