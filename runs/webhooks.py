@@ -705,8 +705,23 @@ def claim_event(*, event_id: Any, worker: str, now: datetime | None = None) -> C
 
 
 def claim_next(*, worker: str, now: datetime | None = None) -> Claim | None:
-    """Lease the oldest claimable event, skipping rows other workers hold."""
-    return _take(WebhookEvent.objects.order_by("received_at"), worker=worker, now=now or timezone.now())
+    """Lease the next claimable event, skipping rows other workers hold.
+
+    One scan per kind of due event, each a range on its own index, rather than one OR over the
+    table that the planner could answer by walking every settled event. Due retries and expired
+    leases go first: they are few, and new events keep arriving.
+    """
+    now = now or timezone.now()
+    scans = (
+        WebhookEvent.objects.filter(status=EventStatus.RETRY_WAIT, next_attempt_at__lte=now).order_by("next_attempt_at"),
+        WebhookEvent.objects.filter(status=EventStatus.PROCESSING, lease_expires_at__lt=now).order_by("lease_expires_at"),
+        WebhookEvent.objects.filter(status=EventStatus.RECEIVED).order_by("next_attempt_at"),
+    )
+    for scan in scans:
+        claim = _take(scan, worker=worker, now=now)
+        if claim is not None:
+            return claim
+    return None
 
 
 class LeaseKeeper:
