@@ -242,6 +242,28 @@ EMPTY_TURN_RETRIES = env_int("EMPTY_TURN_RETRIES", 1, minimum=0)
 # the stream while a tool works.
 CHAT_KEEPALIVE_SECONDS = env_float("CHAT_KEEPALIVE_SECONDS", 15.0, minimum=0.1)
 
+# --- The webhook inbox ---------------------------------------------------------------------------
+
+# Largest JSON body `POST /api/webhooks/<source>/` accepts (attachments included, base64).
+WEBHOOK_MAX_BYTES = env_int("WEBHOOK_MAX_BYTES", 10 * 1024 * 1024, minimum=1024)
+WEBHOOK_ATTACHMENTS_DIR = Path(env_str("WEBHOOK_ATTACHMENTS_DIR", str(VAR_DIR / "webhook-attachments")))
+# Runs started for one event before it is `dead` (only attempts that provably called no tool
+# are retried automatically).
+WEBHOOK_MAX_ATTEMPTS = env_int("WEBHOOK_MAX_ATTEMPTS", 8, minimum=1)
+# Seconds to wait before retry 1, 2, 3 …; the last value repeats (the cap).
+_retry_delays = env_list("WEBHOOK_RETRY_DELAYS", ["5", "30", "120", "600", "1800", "3600"])
+try:
+    WEBHOOK_RETRY_DELAYS = [int(value) for value in _retry_delays]
+except ValueError:
+    raise ImproperlyConfigured(
+        f"WEBHOOK_RETRY_DELAYS={','.join(_retry_delays)!r} must be whole numbers of seconds, comma separated."
+    ) from None
+if not WEBHOOK_RETRY_DELAYS or min(WEBHOOK_RETRY_DELAYS) < 0:
+    raise ImproperlyConfigured("WEBHOOK_RETRY_DELAYS must list at least one delay, none negative.")
+# How long a worker's claim on an event lasts without renewal; a worker renews it while it works,
+# so an expired lease means the worker is gone and another may take the event.
+WEBHOOK_LEASE_SECONDS = env_int("WEBHOOK_LEASE_SECONDS", 90, minimum=1)
+
 # --- Background jobs (django-q2 on the ORM broker) -----------------------------------------------
 
 Q_WORKERS = env_int("Q_WORKERS", 2, minimum=1)

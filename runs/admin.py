@@ -9,6 +9,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
 from runs import desk, reconcile, timeline
+from runs import webhook_admin  # noqa: F401 - registers the webhook inbox
 from runs.models import AgentRun, RunStatus, ToolCall
 
 

@@ -56,7 +56,14 @@ JOBS: tuple[Job, ...] = (
         schedule_type=Schedule.CRON,
         cron="45 3 * * *",
     ),
-    # More periodic jobs go here (e.g. the webhook sweeper, every minute).
+    # The webhook sweeper: due retries, expired leases, received events whose task was lost.
+    Job(
+        name="runs.webhook_sweeper",
+        func="runs.tasks.sweep_webhooks",
+        schedule_type=Schedule.MINUTES,
+        minutes=1,
+    ),
+    # More periodic jobs go here.
 )
 
 

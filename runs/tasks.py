@@ -2,7 +2,7 @@
 
 import uuid
 
-from runs import executor, reconcile, retention
+from runs import executor, reconcile, retention, webhooks
 
 
 def execute_run(run_id: str) -> str:
@@ -17,3 +17,13 @@ def reconcile_runs() -> str:
 def purge_events() -> str:
     """Daily: delete ADK events older than EVENTS_RETENTION_DAYS, batch by batch."""
     return str(retention.purge_events())
+
+
+def process_webhook_event(event_id: str) -> str:
+    """Claim one inbox event, run its attempt and settle it (does nothing if it is not due)."""
+    return webhooks.process_event(event_id=uuid.UUID(str(event_id)))
+
+
+def sweep_webhooks() -> str:
+    """Every minute: enqueue due webhook retries, expired leases and events whose task was lost."""
+    return f"{len(webhooks.sweep())} webhook event(s) enqueued"

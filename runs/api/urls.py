@@ -3,6 +3,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
 from runs.api.views import RunViewSet
+from runs.api.webhooks import WebhookReceiveView
 
 router = SimpleRouter()
 router.register("runs", RunViewSet, basename="run")
@@ -11,6 +12,7 @@ app_name = "api"
 
 urlpatterns = [
     path("", include(router.urls)),
+    path("webhooks/<str:source>/", WebhookReceiveView.as_view(), name="webhook-receive"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
 ]

@@ -1,0 +1,84 @@
+"""`POST /api/webhooks/{source}/`: the durable inbox's only door for providers.
+
+No user authentication: the HMAC-SHA256 signature of the raw body with the source's shared secret
+is the authentication. The body is read with a bound, never through `request.body` (whose limit
+is DATA_UPLOAD_MAX_MEMORY_SIZE, not WEBHOOK_MAX_BYTES), and only after the declared length was
+checked, so an oversized delivery is refused without reading it where the server allows.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from runs import webhooks
+from runs.api.serializers import ErrorSerializer
+from runs.models import EventStatus
+
+
+class WebhookReceiptSerializer(serializers.Serializer):
+    event_id = serializers.UUIDField(help_text="The stored event (the first one, for a repeated delivery).")
+    status = serializers.ChoiceField(choices=EventStatus.choices, help_text="The event's status now.")
+    duplicate = serializers.BooleanField(help_text="True when this message id had already been received.")
+
+
+def _declared_length(meta) -> int | None:
+    try:
+        return int(meta["CONTENT_LENGTH"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+class WebhookReceiveView(APIView):
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(
+        operation_id="webhooks_receive",
+        summary="Deliver an event to the durable inbox",
+        description=(
+            "Sign the raw body with the source's shared secret: `X-Signature: sha256=<hex HMAC-SHA256>`. "
+            "The event (and its attachments, as `attachments: [{filename, content_type, content_base64}]` "
+            "for sources that take them) is stored before the answer. The provider's message id (a header "
+            "or a JSON field, per source) makes delivery idempotent: the same id again answers 200 with "
+            "the first event."
+        ),
+        parameters=[
+            OpenApiParameter(
+                "X-Signature", str, OpenApiParameter.HEADER, required=True,
+                description="sha256=<hex HMAC-SHA256 of the raw body with the source's secret>",
+            ),
+        ],
+        request={"application/json": OpenApiTypes.OBJECT},
+        responses={
+            202: OpenApiResponse(WebhookReceiptSerializer, description="Stored; it will be processed."),
+            200: OpenApiResponse(WebhookReceiptSerializer, description="Already received: the first event."),
+            400: OpenApiResponse(ErrorSerializer, description="Not a JSON object, no message id, bad attachments."),
+            401: OpenApiResponse(ErrorSerializer, description="Missing or bad signature."),
+            404: OpenApiResponse(ErrorSerializer, description="No such (enabled) source."),
+            413: OpenApiResponse(ErrorSerializer, description="Larger than WEBHOOK_MAX_BYTES (or an attachment too large)."),
+        },
+        auth=[],
+    )
+    def post(self, request, source: str):
+        django_request = request._request
+        try:
+            found = webhooks.get_source(source)
+            limit = settings.WEBHOOK_MAX_BYTES
+            declared = _declared_length(django_request.META)
+            if declared is not None and declared > limit:
+                raise webhooks.BodyTooLarge()
+            body = django_request.read(limit + 1)
+            receipt = webhooks.receive_event(source=found, body=body, headers=django_request.headers)
+        except webhooks.WebhookRefused as refusal:
+            return Response(refusal.as_dict(), status=refusal.status)
+        event = receipt.event
+        return Response(
+            {"event_id": str(event.event_id), "status": event.status, "duplicate": not receipt.created},
+            status=status.HTTP_202_ACCEPTED if receipt.created else status.HTTP_200_OK,
+        )

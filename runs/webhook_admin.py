@@ -1,0 +1,376 @@
+"""The webhook inbox in the admin: sources (configured here) and events (records, with a desk).
+
+Event actions are doors onto runs.webhooks like the run desk's onto runs.services: the same
+rules, one message per event. Forcing needs the same permission as forcing a replay.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+from django import forms
+from django.conf import settings
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.utils import model_ngettext, unquote
+from django.core.exceptions import PermissionDenied
+from django.db.models import Prefetch
+from django.http import FileResponse, Http404, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+
+from agents.registry import AGENTS
+from runs import desk, services, webhooks
+from runs import replay as rules
+from runs.models import AgentRun, WebhookEvent, WebhookSource
+from runs.refusals import Refusal
+
+FORCE_REPROCESS_TEMPLATE = "admin/runs/webhookevent/force_reprocess_confirmation.html"
+
+
+# --- Sources ---------------------------------------------------------------------------------------
+
+
+class WebhookSourceForm(forms.ModelForm):
+    agent_name = forms.ChoiceField(label="Agent", choices=())
+    new_secret = forms.CharField(
+        label="Shared secret",
+        required=False,
+        strip=False,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text=(
+            f"The HMAC-SHA256 key the provider signs each body with (at least {webhooks.MIN_SECRET_CHARS} "
+            "characters). It is never shown again; leave blank to keep the current one."
+        ),
+    )
+
+    class Meta:
+        model = WebhookSource
+        exclude = ["secret"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        names = sorted(AGENTS)
+        current = self.instance.agent_name if self.instance.pk else ""
+        if current and current not in AGENTS:
+            names.append(current)  # shown so the person sees what is configured; clean() refuses it
+        self.fields["agent_name"].choices = [(name, name) for name in names]
+        self.fields["new_secret"].required = not (self.instance.pk and self.instance.secret)
+
+    def clean_new_secret(self) -> str:
+        secret = self.cleaned_data.get("new_secret") or ""
+        if secret and len(secret) < webhooks.MIN_SECRET_CHARS:
+            raise forms.ValidationError(f"The shared secret must be at least {webhooks.MIN_SECRET_CHARS} characters.")
+        if secret:
+            # Set before the model's own validation runs, which needs the whole instance.
+            self.instance.secret = secret
+        return secret
+
+
+@admin.register(WebhookSource)
+class WebhookSourceAdmin(admin.ModelAdmin):
+    form = WebhookSourceForm
+    list_display = ["slug", "name", "agent_name", "owner_id", "message_id_location", "expects_attachments",
+                    "enabled", "secret_state", "endpoint"]
+    list_filter = ["enabled", "agent_name"]
+    search_fields = ["slug", "name"]
+    readonly_fields = ["endpoint", "secret_state", "created_at"]
+    fieldsets = [
+        (None, {"fields": ["slug", "name", "enabled", "endpoint"]}),
+        ("What runs", {"fields": ["agent_name", "owner_id", "instructions", "params"]}),
+        ("Delivery", {"fields": ["new_secret", "secret_state", "message_id_header", "message_id_field",
+                                 "expects_attachments"]}),
+        ("Record", {"fields": ["created_at"]}),
+    ]
+
+    @admin.display(description="secret")
+    def secret_state(self, source: WebhookSource) -> str:
+        # Never the secret itself, not even a part of it: only whether one is set.
+        return f"set ({len(source.secret)} characters)" if source.secret else "not set"
+
+    @admin.display(description="endpoint")
+    def endpoint(self, source: WebhookSource) -> str:
+        return f"POST /api/webhooks/{source.slug}/" if source.slug else "—"
+
+
+# --- Events ----------------------------------------------------------------------------------------
+
+
+def event_label(event: WebhookEvent) -> str:
+    return f"Event {event.external_id} ({str(event.event_id)[:8]})"
+
+
+def _report(modeladmin, request, event: WebhookEvent, refusal: Refusal) -> None:
+    modeladmin.message_user(
+        request, f"{event_label(event)}: {webhooks._event_wording(refusal.admin_detail)}", messages.WARNING
+    )
+
+
+def _back(request):
+    target = desk._safe_next(request)
+    return HttpResponseRedirect(target) if target else None
+
+
+@admin.action(permissions=["view"], description="Retry now")
+def retry_now(modeladmin, request, queryset):
+    for event in queryset.order_by("received_at"):
+        try:
+            run = webhooks.retry_event(event.pk, actor=request.user)
+        except Refusal as refusal:
+            _report(modeladmin, request, event, refusal)
+            continue
+        modeladmin.message_user(
+            request, f"{event_label(event)}: retrying as run {str(run.run_id)[:8]}.", messages.SUCCESS
+        )
+    return _back(request)
+
+
+@admin.action(permissions=["view"], description="Mark resolved")
+def mark_resolved(modeladmin, request, queryset):
+    for event in queryset.order_by("received_at"):
+        try:
+            webhooks.resolve_event(event.pk, actor=request.user)
+        except Refusal as refusal:
+            _report(modeladmin, request, event, refusal)
+            continue
+        modeladmin.message_user(request, f"{event_label(event)}: marked resolved.", messages.SUCCESS)
+    return _back(request)
+
+
+def force_rows(events) -> list[dict]:
+    """For each event: its last run, what that run already called, and what forcing would do."""
+    rows = []
+    for event in events:
+        run = webhooks.last_run(event)
+        row = {"event": event, "url": reverse("admin:runs_webhookevent_change", args=[event.pk]), "run": run,
+               "tools": None, "journal": [], "blocked": "", "overrides": ""}
+        if event.status == "processing":
+            row["blocked"] = webhooks.EventInFlight().admin_detail
+        if run is not None:
+            forced = rules.decide(run, force=True)
+            row.update(
+                run_url=desk.change_url(run),
+                tools=rules.tool_names_once(run.tools_executed) if run.tools_executed is not None else None,
+                journal=[{"call": call, "args": json.dumps(call.args, ensure_ascii=False)}
+                         for call in run.tool_calls.order_by("seq")],
+            )
+            if forced.refusal is not None:
+                row["blocked"] = row["blocked"] or forced.refusal.admin_detail
+            elif forced.overridden is not None:
+                row["overrides"] = webhooks._event_wording(forced.overridden.admin_detail)
+        rows.append(row)
+    return rows
+
+
+@admin.action(permissions=["force_replay"], description="Force reprocess…")
+def force_reprocess(modeladmin, request, queryset):
+    """Confirm, with a reason, then process again even what the rules refuse."""
+    if not modeladmin.has_force_replay_permission(request):
+        raise PermissionDenied
+    events = list(queryset.select_related("source").order_by("received_at"))
+    reason = request.POST.get("reason", "").strip()
+    error = ""
+    if request.POST.get("post"):
+        if reason and len(reason) <= services.MAX_FORCE_REASON_CHARS:
+            for event in events:
+                try:
+                    run = webhooks.force_reprocess_event(event.pk, actor=request.user, reason=reason)
+                except Refusal as refusal:
+                    _report(modeladmin, request, event, refusal)
+                    continue
+                verb = "Force-reprocessed" if run.forced else "Reprocessed"
+                modeladmin.message_user(
+                    request, f"{event_label(event)}: {verb} as run {str(run.run_id)[:8]}.", messages.SUCCESS
+                )
+            return _back(request)
+        error = (
+            "Give a reason: say why processing these events again is acceptable."
+            if not reason
+            else f"The reason is longer than {services.MAX_FORCE_REASON_CHARS} characters."
+        )
+    context = {
+        **modeladmin.admin_site.each_context(request),
+        "title": "Force reprocess",
+        "subtitle": None,
+        "objects_name": str(model_ngettext(queryset)),
+        "rows": force_rows(events),
+        "queryset": events,
+        "reason": reason,
+        "reason_error": error,
+        "max_reason_chars": services.MAX_FORCE_REASON_CHARS,
+        "next": desk._safe_next(request) or "",
+        "opts": modeladmin.model._meta,
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        "media": modeladmin.media,
+    }
+    request.current_app = modeladmin.admin_site.name
+    return TemplateResponse(request, FORCE_REPROCESS_TEMPLATE, context)
+
+
+def _pretty(value) -> str:
+    return format_html('<pre class="run-json">{}</pre>', json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def stored_attachment_path(entry: dict) -> Path | None:
+    """A stored copy, if it exists and lies inside WEBHOOK_ATTACHMENTS_DIR (a row is never trusted blindly)."""
+    root = Path(settings.WEBHOOK_ATTACHMENTS_DIR).resolve()
+    path = Path(entry.get("path", "")).resolve()
+    if not path.is_relative_to(root) or not path.is_file():
+        return None
+    return path
+
+
+@admin.register(WebhookEvent)
+class WebhookEventAdmin(admin.ModelAdmin):
+    list_display = ["short_id", "status", "source", "external_id", "attempts", "next_attempt_at",
+                    "last_error_short", "runs_links", "received_at"]
+    list_display_links = ["short_id"]
+    list_filter = ["status", "source"]
+    search_fields = ["=external_id"]
+    search_help_text = "A provider message id, or a full event id."
+    list_select_related = ["source"]
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    paginator = desk.CappedCountPaginator
+    list_per_page = 50
+    ordering = ["-received_at"]
+    actions = [retry_now, force_reprocess, mark_resolved]
+    readonly_fields = ["event_id", "status", "source", "external_id", "attempts", "received_at", "next_attempt_at",
+                       "lease_expires_at", "leased_by", "enqueued_at", "finished_at", "resolved_by",
+                       "last_error_text", "runs_table", "payload_pretty", "headers_pretty", "attachments_links"]
+    fieldsets = [
+        (None, {"fields": ["event_id", "status", "source", "external_id", "received_at"]}),
+        ("Processing", {"fields": ["attempts", "last_error_text", "runs_table", "next_attempt_at",
+                                   "lease_expires_at", "leased_by", "enqueued_at", "finished_at", "resolved_by"]}),
+        ("Delivery", {"fields": ["payload_pretty", "headers_pretty", "attachments_links"]}),
+    ]
+
+    # Records, not forms (the desk's actions are the only way to act on an event).
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_view_permission(self, request, obj=None):
+        # Whoever may review runs may review the events that start them.
+        return super().has_view_permission(request, obj) or request.user.has_perm("runs.view_agentrun")
+
+    def has_force_replay_permission(self, request, obj=None):
+        return request.user.has_perm("runs.force_replay_agentrun")
+
+    def get_queryset(self, request):
+        runs = AgentRun.objects.only("run_id", "status", "created_at", "webhook_event_id", "tools_executed",
+                                     "error_code").order_by("created_at")
+        return super().get_queryset(request).prefetch_related(Prefetch("runs", queryset=runs))
+
+    def get_search_results(self, request, queryset, search_term):
+        try:
+            event_id = uuid.UUID(search_term.strip())
+        except ValueError:
+            return super().get_search_results(request, queryset, search_term)
+        return queryset.filter(event_id=event_id), False
+
+    def get_urls(self):
+        info = self.opts.app_label, self.opts.model_name
+        custom = [
+            path(
+                "<path:object_id>/attachment/<int:index>/",
+                self.admin_site.admin_view(self.attachment_view),
+                name="%s_%s_attachment" % info,
+            ),
+        ]
+        return custom + super().get_urls()
+
+    def attachment_view(self, request, object_id, index):
+        event = self.get_object(request, unquote(object_id))
+        if event is None or not self.has_view_permission(request, event):
+            raise Http404("No such event.")
+        try:
+            entry = event.attachments[index]
+        except (IndexError, TypeError):
+            raise Http404("This event has no such attachment.") from None
+        stored = stored_attachment_path(entry)
+        if stored is None:
+            raise Http404("The stored copy of this attachment is gone from disk.")
+        return FileResponse(stored.open("rb"), as_attachment=True, filename=entry["filename"])
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        extra_context = dict(extra_context or {})
+        extra_context.update(
+            can_force=self.has_force_replay_permission(request),
+            event_buttons=[("retry_now", "Retry now", False), ("force_reprocess", "Force reprocess…", True),
+                           ("mark_resolved", "Mark resolved", False)],
+            changelist_url=reverse("admin:runs_webhookevent_changelist"),
+            action_checkbox_name=helpers.ACTION_CHECKBOX_NAME,
+        )
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    @admin.display(description="event", ordering="event_id")
+    def short_id(self, event: WebhookEvent) -> str:
+        return str(event.event_id)[:8]
+
+    @admin.display(description="last error")
+    def last_error_short(self, event: WebhookEvent) -> str:
+        text = event.last_error or "—"
+        return text if len(text) <= 140 else text[:139] + "…"
+
+    @admin.display(description="last error")
+    def last_error_text(self, event: WebhookEvent) -> str:
+        return format_html('<div class="run-message">{}</div>', event.last_error or "—")
+
+    @admin.display(description="runs")
+    def runs_links(self, event: WebhookEvent) -> str:
+        runs = list(event.runs.all())
+        if not runs:
+            return "—"
+        return format_html_join(
+            ", ", '<a href="{}">{} ({})</a>',
+            ((desk.change_url(run), str(run.run_id)[:8], run.status) for run in runs),
+        )
+
+    @admin.display(description="runs (attempts)")
+    def runs_table(self, event: WebhookEvent) -> str:
+        runs = list(event.runs.all())
+        if not runs:
+            return "none yet"
+        rows = []
+        for number, run in enumerate(runs, start=1):
+            tools = "unknown" if run.tools_executed is None else (", ".join(run.tools_executed) or "none")
+            rows.append((number, desk.change_url(run), str(run.run_id)[:8], run.status,
+                         run.error_code or "—", tools, f"{run.created_at:%Y-%m-%d %H:%M:%S}"))
+        return format_html(
+            "<table><thead><tr><th>#</th><th>run</th><th>status</th><th>error</th><th>tools called</th>"
+            "<th>started</th></tr></thead><tbody>{}</tbody></table>",
+            format_html_join("", '<tr><td>{}</td><td><a href="{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td>'
+                                 "<td>{}</td></tr>", rows),
+        )
+
+    @admin.display(description="payload")
+    def payload_pretty(self, event: WebhookEvent) -> str:
+        return _pretty(event.payload)
+
+    @admin.display(description="headers")
+    def headers_pretty(self, event: WebhookEvent) -> str:
+        return _pretty(event.headers) if event.headers else "—"
+
+    @admin.display(description="attachments")
+    def attachments_links(self, event: WebhookEvent) -> str:
+        if not event.attachments:
+            return "—"
+        items = []
+        for index, entry in enumerate(event.attachments):
+            if stored_attachment_path(entry) is None:
+                items.append(format_html("<li>“{}” ({} bytes) — the stored copy is gone from disk</li>",
+                                         entry["filename"], entry["size"]))
+                continue
+            url = reverse("admin:runs_webhookevent_attachment", args=[event.pk, index])
+            items.append(format_html('<li><a href="{}">{}</a> ({}, {} bytes)</li>', url, entry["filename"],
+                                     entry["content_type"], entry["size"]))
+        return format_html("<ul>{}</ul>", format_html_join("", "{}", ((item,) for item in items)))
