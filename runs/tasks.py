@@ -2,7 +2,7 @@
 
 import uuid
 
-from runs import executor, reconcile, retention
+from runs import executor, reconcile, retention, scheduling
 
 
 def execute_run(run_id: str) -> str:
@@ -17,3 +17,8 @@ def reconcile_runs() -> str:
 def purge_events() -> str:
     """Daily: delete ADK events older than EVENTS_RETENTION_DAYS, batch by batch."""
     return str(retention.purge_events())
+
+
+def fire_schedules() -> str:
+    """Every minute: start the runs of the schedules that are due (each slot once)."""
+    return str(scheduling.fire_due_schedules())

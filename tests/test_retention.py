@@ -217,7 +217,8 @@ def test_setup_schedules_creates_every_job_and_a_second_run_changes_nothing():
     out = io.StringIO()
     call_command("setup_schedules", stdout=out)
     assert out.getvalue().split() == [
-        "runs.reconcile:", "unchanged", "runs.purge_events:", "unchanged", "memory.prune:", "unchanged"
+        "runs.reconcile:", "unchanged", "runs.purge_events:", "unchanged", "memory.prune:", "unchanged",
+        "runs.fire_schedules:", "unchanged",
     ]
     assert _schedules() == first
 
