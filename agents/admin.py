@@ -1,4 +1,9 @@
+import json
+
+from django import forms
 from django.contrib import admin
+from django.db import models
+from django.forms.fields import InvalidJSONInput
 from django.utils import timezone
 from django.utils.html import format_html
 
@@ -45,9 +50,22 @@ class AdkEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     show_full_result_count = False
 
 
+class IndentedJSONField(forms.JSONField):
+    """A graph is easier to edit one step per line."""
+
+    def prepare_value(self, value):
+        if isinstance(value, InvalidJSONInput):
+            return value
+        return json.dumps(value, ensure_ascii=False, indent=2)
+
+
 @admin.register(WorkflowDefinition)
 class WorkflowDefinitionAdmin(admin.ModelAdmin):
     """Staff edit workflows here; the model's clean() runs the same checks as the API."""
+
+    formfield_overrides = {
+        models.JSONField: {"form_class": IndentedJSONField, "widget": forms.Textarea(attrs={"rows": 24, "cols": 90})}
+    }
 
     list_display = ["name", "description", "steps_count", "updated_at", "updated_by"]
     search_fields = ["name", "description"]
@@ -58,7 +76,7 @@ class WorkflowDefinitionAdmin(admin.ModelAdmin):
     def steps_count(self, definition: WorkflowDefinition) -> int:
         return len((definition.graph or {}).get("steps") or {}) if isinstance(definition.graph, dict) else 0
 
-    @admin.display(description="graph")
+    @admin.display(description="drawn")
     def graph_preview(self, definition: WorkflowDefinition) -> str:
         if not definition.pk or not isinstance(definition.graph, dict):
             return "Saved definitions are drawn here."

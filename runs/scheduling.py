@@ -57,6 +57,8 @@ def _check_cron(expression: Any) -> str:
 def check_schedule(schedule: RunSchedule) -> None:
     """Validate a schedule for every door (the admin form calls it through the model's clean())."""
     errors: dict[str, list[str]] = {}
+    if schedule.params is None:  # an empty form field
+        schedule.params = {}
     if schedule.kind == ScheduleKind.INTERVAL:
         minutes = schedule.interval_minutes
         if not isinstance(minutes, int) or not 1 <= minutes <= MAX_INTERVAL_MINUTES:

@@ -348,8 +348,9 @@ def settle_run(
         tools_executed=tools,
         finished_at=now,
     )
-    # Whatever verdict stands, the worker is done with the run's steps.
-    settle_unfinished_steps(run_id=run_id)
+    if run.workflow:
+        # Whatever verdict stands, the worker is done with the run's steps.
+        settle_unfinished_steps(run_id=run_id)
     if settled:
         return True
     # Someone settled it first (a reconciler that thought the worker dead): record what the

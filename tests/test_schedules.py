@@ -226,3 +226,9 @@ def test_two_schedulers_at_once_fire_each_slot_once():
     assert ScheduleFiring.objects.filter(outcome=FiringOutcome.STARTED).count() == 5
     started = sum(int(out.split()[1].rstrip(",")) for out, _err in outputs)
     assert started == 5
+
+
+def test_a_schedule_without_params_is_saved_with_empty_params(admin_client):
+    response = admin_client.post("/admin/runs/runschedule/add/", _form(params=""))
+    assert response.status_code == 302, response.content.decode()[:3000]
+    assert RunSchedule.objects.get().params == {}

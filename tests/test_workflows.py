@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -358,8 +359,8 @@ def test_a_chat_client_that_goes_away_cancels_a_workflow_turn(alice, demo):
     async def drive() -> None:
         turn = chat.ChatTurn(turn_run)
         turn.start()
-        while not await turn_run.tool_calls.filter().acount() >= 2:
-            await __import__("asyncio").sleep(0.05)
+        while await turn_run.tool_calls.acount() < 2:
+            await asyncio.sleep(0.05)
         turn.abandon()
         await turn.task
 
