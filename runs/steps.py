@@ -11,8 +11,7 @@ import uuid
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import transaction
-from django.db.models import Max
+from django.db.models import F
 from django.utils import timezone
 from google.genai import types
 
@@ -40,20 +39,15 @@ def _summary(output: Any) -> str:
     return text if len(text) <= SUMMARY_MAX_CHARS else summarize(text)
 
 
-def step_started(*, run_id: uuid.UUID, node_path: str, step_name: str, kind: str, target: str) -> None:
-    with transaction.atomic():
-        existing = RunStep.objects.select_for_update().filter(run_id=run_id, node_path=node_path).first()
-        if existing is not None:
-            # The step's retry policy runs it again under the same node path.
-            existing.attempts += 1
-            existing.status = StepStatus.RUNNING
-            existing.finished_at = None
-            existing.save(update_fields=["attempts", "status", "finished_at"])
-            return
-        seq = (RunStep.objects.filter(run_id=run_id).aggregate(last=Max("seq"))["last"] or 0) + 1
-        RunStep.objects.create(
-            run_id=run_id, seq=seq, node_path=node_path, step_name=step_name, kind=kind, target=target
-        )
+def step_started(*, run_id: uuid.UUID, seq: int, node_path: str, step_name: str, kind: str, target: str) -> None:
+    RunStep.objects.create(run_id=run_id, seq=seq, node_path=node_path, step_name=step_name, kind=kind, target=target)
+
+
+def step_restarted(*, run_id: uuid.UUID, node_path: str) -> None:
+    """The step's retry policy runs it again under the same node path."""
+    RunStep.objects.filter(run_id=run_id, node_path=node_path).update(
+        attempts=F("attempts") + 1, status=StepStatus.RUNNING, finished_at=None
+    )
 
 
 def step_ended(*, run_id: uuid.UUID, node_path: str, status: str, output: Any = None, error: str = "") -> None:
@@ -79,10 +73,17 @@ class RunStepRecorder:
         self.run_id = run_id
         self.final_output: Any = None
         self.first_failure: tuple[str, BaseException] | None = None
+        # One worker executes a run (the claim sees to that), so its steps are numbered here,
+        # in the order they start: one INSERT per step_start, no read first.
+        self._seq: dict[str, int] = {}
 
     async def started(self, *, node_path: str, step_name: str, kind: str, target: str) -> None:
+        if node_path in self._seq:
+            await sync_to_async(step_restarted)(run_id=self.run_id, node_path=node_path)
+            return
+        self._seq[node_path] = seq = len(self._seq) + 1
         await sync_to_async(step_started)(
-            run_id=self.run_id, node_path=node_path, step_name=step_name, kind=kind, target=target
+            run_id=self.run_id, seq=seq, node_path=node_path, step_name=step_name, kind=kind, target=target
         )
 
     async def finished(self, *, node_path: str, output: Any, terminal: bool) -> None:
