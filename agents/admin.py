@@ -1,6 +1,16 @@
-from django.contrib import admin
+import json
 
-from agents.models import AdkEvent, AdkSession, CrmNote, Customer, OutboxEmail
+from django import forms
+from django.contrib import admin
+from django.db import models
+from django.forms.fields import InvalidJSONInput
+from django.utils import timezone
+from django.utils.html import format_html
+
+from agents.models import AdkEvent, AdkSession, CrmNote, Customer, OutboxEmail, WorkflowDefinition
+from agents.registry import AGENTS
+from agents.workflow_html import GRAPH_CSS, render_graph
+from agents.workflows import FUNCTION_STEPS
 from runs.admin import ReadOnlyAdminMixin
 
 
@@ -38,3 +48,50 @@ class AdkEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_filter = ["app_name"]
     search_fields = ["=session_id", "=invocation_id"]
     show_full_result_count = False
+
+
+class IndentedJSONField(forms.JSONField):
+    """A graph is easier to edit one step per line."""
+
+    def prepare_value(self, value):
+        if isinstance(value, InvalidJSONInput):
+            return value
+        return json.dumps(value, ensure_ascii=False, indent=2)
+
+
+@admin.register(WorkflowDefinition)
+class WorkflowDefinitionAdmin(admin.ModelAdmin):
+    """Staff edit workflows here; the model's clean() runs the same checks as the API."""
+
+    formfield_overrides = {
+        models.JSONField: {"form_class": IndentedJSONField, "widget": forms.Textarea(attrs={"rows": 24, "cols": 90})}
+    }
+
+    list_display = ["name", "description", "steps_count", "updated_at", "updated_by"]
+    search_fields = ["name", "description"]
+    fields = ["name", "description", "graph", "graph_preview", "known_parts", "updated_at", "updated_by"]
+    readonly_fields = ["graph_preview", "known_parts", "updated_at", "updated_by"]
+
+    @admin.display(description="steps")
+    def steps_count(self, definition: WorkflowDefinition) -> int:
+        return len((definition.graph or {}).get("steps") or {}) if isinstance(definition.graph, dict) else 0
+
+    @admin.display(description="drawn")
+    def graph_preview(self, definition: WorkflowDefinition) -> str:
+        if not definition.pk or not isinstance(definition.graph, dict):
+            return "Saved definitions are drawn here."
+        return format_html("<style>{}</style>{}", GRAPH_CSS, render_graph(definition.graph))
+
+    @admin.display(description="available steps")
+    def known_parts(self, definition: WorkflowDefinition) -> str:
+        return format_html(
+            "Agents: {}.<br>Function steps: {}.<br>Other workflows can run as a step: "
+            '{{"workflow": "name"}}. A join is {{"join": true}}.',
+            ", ".join(sorted(AGENTS)),
+            ", ".join(f"{name} ({step.description})" for name, step in sorted(FUNCTION_STEPS.items())),
+        )
+
+    def save_model(self, request, obj, form, change):
+        obj.updated_at = timezone.now()
+        obj.updated_by = request.user
+        super().save_model(request, obj, form, change)

@@ -1,5 +1,6 @@
 from datetime import UTC, datetime
 
+from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
@@ -136,3 +137,43 @@ class AdkEvent(models.Model):
     @property
     def function_responses(self) -> list[dict]:
         return [p["function_response"] for p in self.parts if p.get("function_response")]
+
+
+class WorkflowDefinition(models.Model):
+    """A graph of registered agents and function steps that runs as one run (see agents.workflows).
+
+    Staff edit it in the admin; `agents.services.check_workflow` validates it for every door.
+    A run stores a snapshot of the graph, so editing a definition never changes a run that was
+    already written down, or its replay.
+    """
+
+    name = models.CharField(
+        max_length=64,
+        unique=True,
+        help_text="Letters, digits and underscores; runs name the workflow by it (the API's `agent` or `workflow`).",
+    )
+    description = models.TextField(blank=True)
+    graph = models.JSONField(
+        help_text=(
+            'Steps and chains, e.g. {"steps": {"triage": {"agent": "triage"}, "billing": {"agent": "billing"}, '
+            '"findings": {"join": true}, "support": {"agent": "support"}}, '
+            '"chains": [["START", ["triage", "billing"], "findings", "support"]]}'
+        )
+    )
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    updated_at = models.DateTimeField(default=timezone.now, editable=False)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", editable=False
+    )
+
+    class Meta:
+        db_table = "workflow_definitions"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        from agents.services import check_workflow
+
+        self.name, self.graph = check_workflow(name=self.name, graph=self.graph, instance_pk=self.pk)

@@ -72,7 +72,36 @@ SUPPORT = AgentSpec(
     context_tools=(PreloadMemoryOncePerInvocation,),
 )
 
-AGENTS: dict[str, AgentSpec] = {SUPPORT.name: SUPPORT}
+# Read-only agents for workflows: they look a customer up and report, and never act.
+TRIAGE = AgentSpec(
+    name="triage",
+    description="Reads a support request and says what it is about and how urgent it is. Reads only.",
+    instruction=(
+        "You triage customer support requests. Look the customer up, then say in two sentences "
+        "what the request is about and how urgent it is. Never contact the customer."
+    ),
+    tools=(tools.lookup_customer,),
+    default_script=(
+        {"call": "lookup_customer", "args": {"email": "jane@example.com"}},
+        {"say": "Jane Doe (pro plan) asks where her refund is. Priority: normal; she is a paying customer."},
+    ),
+)
+
+BILLING = AgentSpec(
+    name="billing",
+    description="Checks the customer's plan and what billing can tell them. Reads only.",
+    instruction=(
+        "You check billing facts for a support request. Look the customer up and state their "
+        "plan and anything billing-related support should know, in two sentences. Never act."
+    ),
+    tools=(tools.lookup_customer,),
+    default_script=(
+        {"call": "lookup_customer", "args": {"email": "jane@example.com"}},
+        {"say": "Jane is on the pro plan; her refund was issued and takes 3-5 business days to arrive."},
+    ),
+)
+
+AGENTS: dict[str, AgentSpec] = {spec.name: spec for spec in (SUPPORT, TRIAGE, BILLING)}
 
 # Callbacks every agent gets before its own: old turns go to the model without their large
 # base64 payloads (the stored session keeps them).

@@ -6,11 +6,13 @@ from django.contrib.admin import helpers
 from django.contrib.admin.utils import unquote
 from django.db.models import OuterRef, Subquery
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from runs import desk, reconcile, timeline
+from runs import scheduling
 from runs import webhook_admin  # noqa: F401 - registers the webhook inbox
-from runs.models import AgentRun, RunStatus, ToolCall
+from runs.models import AgentRun, RunSchedule, RunStatus, ScheduleFiring, ToolCall
 
 
 class ReadOnlyAdminMixin:
@@ -82,6 +84,32 @@ class StaleRunningFilter(admin.SimpleListFilter):
 
 def _pretty_json(value) -> str:
     return format_html('<pre class="run-json">{}</pre>', json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def workflow_steps_context(run: AgentRun) -> dict:
+    """A workflow run's graph coloured by step status, and its steps as bars on one time axis."""
+    if not run.workflow:
+        return {}
+    from agents.workflow_html import GRAPH_CSS, render_graph
+
+    steps = list(run.steps.order_by("seq"))
+    top_level = {step.step_name: step.status for step in steps if step.depth == 0}
+    origin = min((step.started_at for step in steps), default=None)
+    end = max((step.finished_at or run.finished_at or timezone.now() for step in steps), default=None)
+    span = max((end - origin).total_seconds(), 0.001) if origin and end else 1.0
+    rows = []
+    for step in steps:
+        finished = step.finished_at or run.finished_at or timezone.now()
+        left = (step.started_at - origin).total_seconds() / span * 100 if origin else 0
+        width = max((finished - step.started_at).total_seconds() / span * 100, 0.5)
+        rows.append({"step": step, "left": f"{left:.2f}", "width": f"{min(width, 100 - left):.2f}",
+                     "indent": step.depth * 1.2})
+    return {
+        "step_graph": render_graph(run.workflow["graph"], top_level),
+        "step_graph_css": GRAPH_CSS,
+        "step_rows": rows,
+        "workflow_name": run.workflow.get("name", run.agent_name),
+    }
 
 
 @admin.register(AgentRun)
@@ -209,6 +237,7 @@ class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                 can_force=self.has_force_replay_permission(request),
                 changelist_url=reverse("admin:runs_agentrun_changelist"),
                 action_checkbox_name=helpers.ACTION_CHECKBOX_NAME,
+                **workflow_steps_context(run),
             )
         return super().change_view(request, object_id, form_url, extra_context)
 
@@ -323,3 +352,74 @@ class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             return format_html("“{}” ({}) — the stored copy is gone from disk", run.input_file_name, size)
         url = reverse("admin:runs_agentrun_input_file", args=[run.run_id])
         return format_html('<a href="{}">{}</a> ({})', url, run.input_file_name, size)
+
+
+# --- Scheduled runs --------------------------------------------------------------------------------
+
+
+class ScheduleFiringInline(ReadOnlyAdminMixin, admin.TabularInline):
+    model = ScheduleFiring
+    verbose_name_plural = "firings (newest first)"
+    fields = ["slot", "fired_at", "outcome", "run_link", "blocking_run_link", "detail"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    ordering = ["-slot"]
+    max_num = 0
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).order_by("-slot")
+
+    @admin.display(description="run")
+    def run_link(self, firing: ScheduleFiring) -> str:
+        return _run_link(firing.run_id)
+
+    @admin.display(description="blocked by")
+    def blocking_run_link(self, firing: ScheduleFiring) -> str:
+        return _run_link(firing.blocking_run_id)
+
+
+def _run_link(run_id) -> str:
+    if run_id is None:
+        return "—"
+    return format_html('<a href="{}">{}</a>', reverse("admin:runs_agentrun_change", args=[run_id]), str(run_id)[:8])
+
+
+@admin.register(RunSchedule)
+class RunScheduleAdmin(admin.ModelAdmin):
+    """Staff schedule an agent or a workflow; each firing is a run with trigger `schedule`."""
+
+    list_display = ["name", "enabled", "agent_name", "timing", "next_fire_at", "last_fired_at", "last_run_link",
+                    "last_skipped_at"]
+    list_filter = ["enabled", "kind"]
+    search_fields = ["name", "agent_name", "owner_id"]
+    inlines = [ScheduleFiringInline]
+    readonly_fields = ["next_fire_at", "last_fired_at", "last_run_link", "last_skipped_at", "last_skip_reason",
+                       "created_by", "created_at"]
+    fieldsets = [
+        (None, {"fields": ["name", "enabled"]}),
+        ("What runs", {"fields": ["agent_name", "message", "owner_id", "params"],
+                       "description": "A registered agent or a workflow, and the input each run gets."}),
+        ("When", {"fields": ["kind", "interval_minutes", "cron", "next_fire_at"],
+                  "description": "Checked every minute. A firing while the previous run of this schedule is "
+                                 "still queued or running is skipped and recorded below."}),
+        ("History", {"fields": ["last_fired_at", "last_run_link", "last_skipped_at", "last_skip_reason",
+                                "created_by", "created_at"]}),
+    ]
+
+    @admin.display(description="when")
+    def timing(self, schedule: RunSchedule) -> str:
+        if schedule.kind == "cron":
+            return f"cron {schedule.cron}"
+        return f"every {schedule.interval_minutes} min"
+
+    @admin.display(description="last run")
+    def last_run_link(self, schedule: RunSchedule) -> str:
+        return _run_link(schedule.last_run_id)
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            obj.created_by = request.user
+        timing = {"kind", "interval_minutes", "cron", "enabled"}
+        scheduling.prepare_for_save(obj, timing_changed=not change or bool(timing & set(form.changed_data)))
+        super().save_model(request, obj, form, change)

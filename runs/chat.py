@@ -24,7 +24,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from google.adk.events.event import Event
 
-from agents.registry import UnknownAgentError, get_agent_spec
+from agents.registry import UnknownAgentError
+from agents.services import resolve_runnable
 from runs import executor, services
 from runs.models import IN_FLIGHT, AgentRun, Conversation, Trigger
 
@@ -83,7 +84,8 @@ def begin_turn(
     try:
         if not isinstance(agent_name, str) or not agent_name:
             raise ValidationError({"agent": "agent is required: the name of a registered agent."})
-        get_agent_spec(agent_name)
+        # A workflow can be chatted with too: each turn runs the whole graph in the conversation.
+        resolve_runnable(agent_name)
     except UnknownAgentError as exc:
         errors["agent"] = [str(exc)]
     except ValidationError as exc:

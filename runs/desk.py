@@ -49,7 +49,10 @@ class AgentFilter(admin.SimpleListFilter):
     parameter_name = "agent"
 
     def lookups(self, request, model_admin):
-        return [(name, name) for name in sorted(AGENTS)]
+        from agents.models import WorkflowDefinition
+
+        workflows = WorkflowDefinition.objects.values_list("name", flat=True)[:200]
+        return [(name, name) for name in sorted(AGENTS)] + [(name, f"{name} (workflow)") for name in workflows]
 
     def queryset(self, request, queryset):
         return queryset.filter(agent_name=self.value()) if self.value() else queryset

@@ -37,11 +37,13 @@ from agents.adk import drop_unusable_connection, refresh_orm_thread_connections,
 from agents.registry import build_agent, get_agent_spec
 from agents.retrying import EMPTY_TURN, RATE_LIMIT, RetryLog, current_retry_log, is_rate_limit
 from agents.scripted import ScriptedModelError
+from agents.workflows import StepEndedWithError, compile_workflow, original_error
 from memory.adk import memory_service
 from memory.services import remember_events, remember_run
 from runs import services
 from runs.journal import JournalPlugin
 from runs.models import AgentRun, RunStatus
+from runs.steps import RunStepRecorder, output_text
 
 logger = logging.getLogger(__name__)
 
@@ -166,6 +168,24 @@ def describe_exception(exc: BaseException, plugin: JournalPlugin, retries: Retry
     return Outcome(RunStatus.ERROR, "agent_error", f"{type(exc).__name__}: {exc}")
 
 
+def describe_step_failure(
+    exc: BaseException, steps: RunStepRecorder, plugin: JournalPlugin, retries: RetryLog | None = None
+) -> Outcome:
+    """A workflow's failure, said as its first failing step's (a retried step's own error, unwrapped)."""
+    error = original_error(exc)
+    if isinstance(error, StepEndedWithError) and error.code == "MODEL_RETURNED_NO_CONTENT":
+        outcome = Outcome(RunStatus.ERROR, "empty_turn", empty_turn_message(retries) if retries else EMPTY_TURN_MESSAGE)
+    elif isinstance(error, StepEndedWithError):
+        outcome = Outcome(RunStatus.ERROR, error.code.lower()[:64], error.message or error.code)
+    else:
+        outcome = describe_exception(error, plugin, retries)
+    if steps.first_failure is not None:
+        node_path, _error = steps.first_failure
+        step = node_path.rsplit("/", 1)[-1].split("@", 1)[0]
+        outcome.error_message = f"Step “{step}” ({node_path}) failed. {outcome.error_message}"
+    return outcome
+
+
 EMPTY_TURN_MESSAGE = "The model returned an empty answer, so the run stopped without a result."
 
 
@@ -195,16 +215,21 @@ async def run_agent(
     run: AgentRun, control: RunControl, *, on_event: Callable[[Event], None] | None = None
 ) -> Outcome:
     """Run the agent for `run` and return its outcome; `on_event` sees every event ADK yields."""
-    spec = get_agent_spec(run.agent_name)
     plugin = JournalPlugin(run.run_id)
     retries = retry_log_for(run)
+    steps = RunStepRecorder(run.run_id) if run.workflow else None
+    if steps is not None:
+        # A workflow run executes the graph it stored when it was written (its replays too).
+        root = compile_workflow(run.workflow, params=run.params, recorder=steps)
+    else:
+        root = build_agent(get_agent_spec(run.agent_name), params=run.params)
     # Set before ADK creates its tasks, which copy the context: every model call finds the log.
     log_token = current_retry_log.set(retries)
-    app = App(name=spec.name, root_agent=build_agent(spec, params=run.params), plugins=[plugin])
+    app = App(name=run.agent_name, root_agent=root, plugins=[plugin])
     sessions = session_service()
     try:
         # Most runs get a fresh session: create it without reading first.
-        await sessions.create_session(app_name=spec.name, user_id=run.owner_id, session_id=run.session_id)
+        await sessions.create_session(app_name=run.agent_name, user_id=run.owner_id, session_id=run.session_id)
     except AlreadyExistsError:
         pass  # a conversation's session, created by its first turn
     runner = Runner(app=app, session_service=sessions, memory_service=memory_service())
@@ -240,6 +265,8 @@ async def run_agent(
     except Exception as exc:  # noqa: BLE001 - every failure becomes the run's recorded outcome
         if control.abort_reason is None:
             logger.info("Run %s failed: %r", run.run_id, exc)
+            if steps is not None:
+                return describe_step_failure(exc, steps, plugin, retries)
             return describe_exception(exc, plugin, retries)
     finally:
         current_retry_log.reset(log_token)
@@ -257,12 +284,16 @@ async def run_agent(
             "timeout",
             f"The run exceeded its time limit of {settings.RUN_TIMEOUT_SECONDS} s (RUN_TIMEOUT_SECONDS) and was stopped.",
         )
-    if last_error is not None:
+    # A workflow's steps turn their own error events into failures (above); an error event of
+    # an attempt that was retried afterwards is not the run's outcome.
+    if last_error is not None and steps is None:
         code, message = last_error
         if code == "MODEL_RETURNED_NO_CONTENT":
             return Outcome(RunStatus.ERROR, "empty_turn", empty_turn_message(retries))
         if code != "INVOCATION_ABORTED":
             return Outcome(RunStatus.ERROR, code.lower()[:64], message or code)
+    if steps is not None:
+        return Outcome(RunStatus.SUCCESS, result=output_text(steps.final_output), events=events)
     return Outcome(RunStatus.SUCCESS, result="\n".join(texts), events=events)
 
 

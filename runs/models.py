@@ -126,6 +126,11 @@ class AgentRun(models.Model):
         return (self.config or {}).get("params") or {}
 
     @property
+    def workflow(self) -> dict | None:
+        """The workflow snapshot a workflow run executes (None for a single agent's run)."""
+        return (self.config or {}).get("workflow") or None
+
+    @property
     def invocation_id(self) -> str:
         return f"e-{self.run_id}"
 
@@ -314,3 +319,123 @@ class WebhookEvent(models.Model):
 
     def __str__(self) -> str:
         return f"event {self.external_id}"
+
+
+class StepStatus(models.TextChoices):
+    RUNNING = "running", "running"
+    SUCCESS = "success", "success"
+    ERROR = "error", "error"
+    CANCELLED = "cancelled", "cancelled"
+
+
+class RunStep(models.Model):
+    """One step of a workflow run: written at step_start, updated at step_complete or step_error.
+
+    A step still `running` when its run settles is settled `cancelled` with it (the workflow
+    stopped it: a cancel, a sibling's failure, the time limit).
+    """
+
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="steps")
+    seq = models.PositiveIntegerField(help_text="Order in which the steps started.")
+    node_path = models.CharField(max_length=512, help_text="ADK's node path, e.g. support_triage@1/billing@1.")
+    step_name = models.CharField(max_length=128)
+    kind = models.CharField(max_length=16, help_text="agent, function, join or workflow.")
+    target = models.CharField(max_length=128, blank=True, help_text="The agent, function or workflow it runs.")
+    status = models.CharField(max_length=16, choices=StepStatus.choices, default=StepStatus.RUNNING)
+    attempts = models.PositiveIntegerField(default=1)
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    output_summary = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        db_table = "run_steps"
+        ordering = ["run", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "node_path"], name="runstep_run_path"),
+            models.UniqueConstraint(fields=["run", "seq"], name="runstep_run_seq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node_path} ({self.status})"
+
+    @property
+    def depth(self) -> int:
+        return max(self.node_path.count("/") - 1, 0)
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.finished_at is None:
+            return None
+        return (self.finished_at - self.started_at).total_seconds()
+
+
+class ScheduleKind(models.TextChoices):
+    INTERVAL = "interval", "every N minutes"
+    CRON = "cron", "cron expression"
+
+
+class RunSchedule(models.Model):
+    """An agent or workflow run with a fixed input, started again and again (trigger `schedule`).
+
+    `next_fire_at` is the slot the schedule fires next; firing moves it on with a conditional
+    update, so concurrent schedulers and redelivered jobs fire each slot at most once.
+    """
+
+    name = models.CharField(max_length=128, unique=True)
+    enabled = models.BooleanField(default=True)
+    agent_name = models.CharField(max_length=128, help_text="A registered agent or a workflow.")
+    message = models.TextField()
+    owner_id = models.CharField(max_length=128)
+    params = models.JSONField(default=dict, blank=True)
+    kind = models.CharField(max_length=16, choices=ScheduleKind.choices, default=ScheduleKind.INTERVAL)
+    interval_minutes = models.PositiveIntegerField(null=True, blank=True)
+    cron = models.CharField(max_length=128, blank=True, help_text="minute hour day month weekday, in TIME_ZONE.")
+    next_fire_at = models.DateTimeField(null=True, blank=True)
+    last_fired_at = models.DateTimeField(null=True, blank=True)
+    last_run = models.ForeignKey(AgentRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    last_skipped_at = models.DateTimeField(null=True, blank=True)
+    last_skip_reason = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "run_schedules"
+        ordering = ["name"]
+        indexes = [models.Index(fields=["enabled", "next_fire_at"], name="schedule_due")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        from runs import scheduling
+
+        scheduling.check_schedule(self)
+
+
+class FiringOutcome(models.TextChoices):
+    STARTED = "started", "started a run"
+    SKIPPED = "skipped", "skipped: the previous run was still in flight"
+    FAILED = "failed", "failed to start"
+
+
+class ScheduleFiring(models.Model):
+    """What each slot of a schedule did: started a run, was skipped (overlap) or failed to start."""
+
+    schedule = models.ForeignKey(RunSchedule, on_delete=models.CASCADE, related_name="firings")
+    slot = models.DateTimeField(help_text="The time the schedule was due.")
+    fired_at = models.DateTimeField(default=timezone.now)
+    outcome = models.CharField(max_length=16, choices=FiringOutcome.choices)
+    run = models.ForeignKey(AgentRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    blocking_run = models.ForeignKey(AgentRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    detail = models.TextField(blank=True)
+
+    class Meta:
+        db_table = "schedule_firings"
+        ordering = ["-slot"]
+        constraints = [models.UniqueConstraint(fields=["schedule", "slot"], name="firing_schedule_slot")]
+
+    def __str__(self) -> str:
+        return f"{self.schedule} at {self.slot:%Y-%m-%d %H:%M}: {self.outcome}"

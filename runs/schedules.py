@@ -63,6 +63,13 @@ JOBS: tuple[Job, ...] = (
         schedule_type=Schedule.MINUTES,
         minutes=1,
     ),
+    # Scheduled runs (RunSchedule): fires each due slot once; overlapping firings are skipped.
+    Job(
+        name="runs.fire_schedules",
+        func="runs.tasks.fire_schedules",
+        schedule_type=Schedule.MINUTES,
+        minutes=1,
+    ),
     # More periodic jobs go here.
 )
 

@@ -20,8 +20,10 @@ from django.db.models import F
 from django.utils import timezone
 
 from agents.models import AdkEvent
-from agents.registry import UnknownAgentError, get_agent_spec, validate_params
+from agents.registry import UnknownAgentError, validate_params
 from agents.scripted import ScriptError
+from agents.services import resolve_runnable
+from agents.workflows import WorkflowGraphError, validate_workflow_params
 from runs import journal
 from runs.models import AgentRun, RunStatus, Trigger
 from runs.refusals import (
@@ -31,6 +33,7 @@ from runs.refusals import (
     RunAlreadySettled,
     RunNotFound,
 )
+from runs.steps import settle_unfinished_steps
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +131,52 @@ def enqueue_run(run_id: uuid.UUID) -> None:
     async_task("runs.tasks.execute_run", str(run_id), task_name=f"run {run_id}", group="runs")
 
 
+def _input_errors(
+    *, agent_name: Any, message: Any, owner_id: Any, params: Any
+) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """Clean a run's input: (cleaned, errors). `cleaned["agent"]` is an AgentSpec or a workflow snapshot."""
+    errors: dict[str, list[str]] = {}
+    cleaned: dict[str, Any] = {}
+    for field, clean, value in (
+        ("agent", None, agent_name),
+        ("message", _clean_message, message),
+        ("owner_id", _clean_owner_id, owner_id),
+        ("params", _clean_params, params),
+    ):
+        try:
+            if clean is None:
+                cleaned[field] = resolve_runnable(value if isinstance(value, str) else repr(value))
+            else:
+                cleaned[field] = clean(value)
+        except UnknownAgentError as exc:
+            errors.setdefault("agent", []).append(str(exc))
+        except ValidationError as exc:
+            for key, messages in exc.message_dict.items():
+                errors.setdefault(key, []).extend(messages)
+        except WorkflowGraphError as exc:
+            errors.setdefault("agent", []).extend(exc.problems)
+    if "agent" in cleaned and "params" in cleaned:
+        target = cleaned["agent"]
+        try:
+            if isinstance(target, dict):
+                validate_workflow_params(target, cleaned["params"], faults_enabled=settings.SCRIPTED_FAULTS_ENABLED)
+            else:
+                validate_params(target, cleaned["params"])
+        except ScriptError as exc:
+            errors.setdefault("params", []).append(
+                str(exc) if isinstance(target, dict) else f"params.script: {exc}"
+            )
+    return cleaned, errors
+
+
+def check_run_input(*, agent_name: Any, message: Any, owner_id: Any, params: Any) -> dict[str, Any]:
+    """Validate what a run would be started with, writing nothing (e.g. a schedule's input)."""
+    cleaned, errors = _input_errors(agent_name=agent_name, message=message, owner_id=owner_id, params=params)
+    if errors:
+        raise ValidationError(errors)
+    return cleaned
+
+
 def start_run(
     *,
     agent_name: str,
@@ -144,31 +193,13 @@ def start_run(
 ) -> AgentRun:
     """Validate, copy the input file, write the run as `queued`, and enqueue it on commit.
 
+    `agent_name` names a registered agent or a workflow. A workflow run stores a snapshot of its
+    graph in `config["workflow"]`, so it and its replays run the graph as it was when written;
+    started from the API (the default trigger) its trigger is `workflow`.
+
     Raises ValidationError (a dict of field errors) for bad input; nothing is written then.
     """
-    errors: dict[str, list[str]] = {}
-    cleaned: dict[str, Any] = {}
-    for field, clean, value in (
-        ("agent", None, agent_name),
-        ("message", _clean_message, message),
-        ("owner_id", _clean_owner_id, owner_id),
-        ("params", _clean_params, params),
-    ):
-        try:
-            if clean is None:
-                cleaned[field] = get_agent_spec(value if isinstance(value, str) else repr(value))
-            else:
-                cleaned[field] = clean(value)
-        except UnknownAgentError as exc:
-            errors.setdefault("agent", []).append(str(exc))
-        except ValidationError as exc:
-            for key, messages in exc.message_dict.items():
-                errors.setdefault(key, []).extend(messages)
-    if "agent" in cleaned and "params" in cleaned:
-        try:
-            validate_params(cleaned["agent"], cleaned["params"])
-        except ScriptError as exc:
-            errors.setdefault("params", []).append(f"params.script: {exc}")
+    cleaned, errors = _input_errors(agent_name=agent_name, message=message, owner_id=owner_id, params=params)
     if file is not None:
         try:
             cleaned["file_name"] = clean_file_name(file_name if file_name is not None else getattr(file, "name", ""))
@@ -176,6 +207,15 @@ def start_run(
             errors.setdefault("file", []).extend(exc.message_dict["file"])
     if errors:
         raise ValidationError(errors)
+    target = cleaned["agent"]
+    config: dict[str, Any] = {"message": cleaned["message"], "params": cleaned["params"]}
+    if isinstance(target, dict):
+        config["workflow"] = target
+        target_name = target["name"]
+        if trigger == Trigger.API:
+            trigger = Trigger.WORKFLOW
+    else:
+        target_name = target.name
 
     run_id = uuid.uuid4()
     stored_path = ""
@@ -194,10 +234,10 @@ def start_run(
             run = AgentRun.objects.create(
                 run_id=run_id,
                 trigger=trigger,
-                agent_name=cleaned["agent"].name,
+                agent_name=target_name,
                 owner_id=cleaned["owner_id"],
                 created_by=created_by if getattr(created_by, "is_authenticated", False) else None,
-                config={"message": cleaned["message"], "params": cleaned["params"]},
+                config=config,
                 input_file=stored_path,
                 input_file_name=cleaned.get("file_name", ""),
                 input_file_sha256=sha256,
@@ -319,6 +359,9 @@ def settle_run(
             tools_executed=tools,
             finished_at=now,
         )
+        if run.workflow:
+            # Whatever verdict stands, the worker is done with the run's steps.
+            settle_unfinished_steps(run_id=run_id)
         if settled:
             return True
         # Someone settled it first (a reconciler that thought the worker dead): record what the

@@ -2,7 +2,7 @@
 
 import uuid
 
-from runs import executor, reconcile, retention, webhooks
+from runs import executor, reconcile, retention, scheduling, webhooks
 
 
 def execute_run(run_id: str) -> str:
@@ -27,3 +27,8 @@ def process_webhook_event(event_id: str) -> str:
 def sweep_webhooks() -> str:
     """Every minute: enqueue due webhook retries, expired leases and events whose task was lost."""
     return f"{len(webhooks.sweep())} webhook event(s) enqueued"
+
+
+def fire_schedules() -> str:
+    """Every minute: start the runs of the schedules that are due (each slot once)."""
+    return str(scheduling.fire_due_schedules())

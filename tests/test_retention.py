@@ -219,6 +219,7 @@ def test_setup_schedules_creates_every_job_and_a_second_run_changes_nothing():
     assert out.getvalue().split() == [
         "runs.reconcile:", "unchanged", "runs.purge_events:", "unchanged", "memory.prune:", "unchanged",
         "runs.webhook_sweeper:", "unchanged",
+        "runs.fire_schedules:", "unchanged",
     ]
     assert _schedules() == first
 
@@ -242,12 +243,11 @@ def test_the_scheduler_enqueues_the_reconcile_job_and_it_runs():
 
     call_command("setup_schedules", stdout=io.StringIO())
     scheduler()
-    queued = [task.task for task in OrmQ.objects.all()]
+    queued = {task.task["func"]: task.task for task in OrmQ.objects.all()}
     # The every-minute jobs are due at once; the nightly ones wait for their slot.
-    assert {t["func"]: t["group"] for t in queued} == {
-        "runs.tasks.reconcile_runs": "runs.reconcile",
-        "runs.tasks.sweep_webhooks": "runs.webhook_sweeper",
-    }
+    assert sorted(queued) == ["runs.tasks.fire_schedules", "runs.tasks.reconcile_runs", "runs.tasks.sweep_webhooks"]
+    assert queued["runs.tasks.reconcile_runs"]["group"] == "runs.reconcile"
+    assert queued["runs.tasks.sweep_webhooks"]["group"] == "runs.webhook_sweeper"
 
 
 def test_the_jobs_show_in_the_admin(admin_client):

@@ -133,15 +133,20 @@ def test_run_agent_refuses_a_file_over_the_limit(tmp_path):
 @pytest.mark.django_db(transaction=True)
 def test_seed_demo_really_runs_the_agent_once():
     call_command("seed_demo")
-    runs = {run.config["message"]: run for run in AgentRun.objects.all()}
+    runs = {run.config["message"]: run for run in AgentRun.objects.filter(agent_name="support")}
     assert len(runs) == 3
     states = sorted((r.status, r.tools_state) for r in runs.values())
     assert states == [("error", "called"), ("error", "none"), ("success", "called")]
     failed_after = next(r for r in runs.values() if r.status == "error" and r.tools_executed)
     assert failed_after.tools_executed == ["lookup_customer", "send_email"]
 
+    # And one run of the demo workflow, which fans out to two agents, joins, and ends with support.
+    workflow_run = AgentRun.objects.get(agent_name="refund_review")
+    assert (workflow_run.status, workflow_run.trigger) == ("success", "workflow")
+    assert [s.step_name for s in workflow_run.steps.order_by("seq")][2:] == ["findings", "brief", "support"]
+
     call_command("seed_demo")
-    assert AgentRun.objects.count() == 3
+    assert AgentRun.objects.count() == 4
 
 
 @pytest.mark.django_db

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
-from django.apps import apps
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from runs.models import AgentRun, ToolCall
+from runs.models import AgentRun, RunStep, ToolCall
 from runs.services import MAX_FORCE_REASON_CHARS
 
 # Form fields that are part of a browser's form post rather than the request's data.
@@ -83,7 +81,14 @@ class ParamsField(serializers.Field):
 
 
 class RunCreateSerializer(StrictSerializer):
-    agent = StrictCharField(help_text="A registered agent, e.g. support.", trim_whitespace=False)
+    agent = StrictCharField(
+        required=False, trim_whitespace=False,
+        help_text="A registered agent (e.g. support) or a workflow's name.",
+    )
+    workflow = StrictCharField(
+        required=False, trim_whitespace=False,
+        help_text="A workflow's name; the same as passing it as `agent`. Give one of agent and workflow.",
+    )
     message = StrictCharField(help_text="What the agent should do.", allow_blank=True, trim_whitespace=False)
     owner_id = StrictCharField(help_text="The end user the run acts for.", allow_blank=True, trim_whitespace=False)
     params = ParamsField(required=False, help_text="Run parameters, e.g. a scripted model's `script`.")
@@ -91,6 +96,24 @@ class RunCreateSerializer(StrictSerializer):
         required=False, allow_empty_file=True, use_url=False,
         help_text="An input file (multipart only); a copy is kept with the run.",
     )
+
+    def validate(self, attrs):
+        given = [name for name in ("agent", "workflow") if name in attrs]
+        if len(given) != 1:
+            message = (
+                "Give agent (a registered agent or a workflow) or workflow (a workflow), not both."
+                if given else "agent is required: a registered agent or a workflow (or give workflow)."
+            )
+            raise serializers.ValidationError({"agent": [message]})
+        if given == ["workflow"]:
+            from agents.models import WorkflowDefinition
+
+            if not WorkflowDefinition.objects.filter(name=attrs["workflow"]).exists():
+                raise serializers.ValidationError(
+                    {"workflow": [f"There is no workflow named {attrs['workflow']!r}."]}
+                )
+        attrs["agent"] = attrs.pop(given[0])
+        return attrs
 
 
 class ReplayRequestSerializer(StrictSerializer):
@@ -157,56 +180,31 @@ class ReplayDecisionSerializer(serializers.Serializer):
     force_would_replay = serializers.BooleanField()
 
 
-def run_step_model():
-    """Workflow steps are shown when the ledger keeps them."""
-    try:
-        return apps.get_model("runs", "RunStep")
-    except LookupError:
-        return None
+class RunStepSerializer(serializers.ModelSerializer):
+    """One workflow step: started at step_start, settled at step_complete or step_error."""
 
-
-class RunStepSerializer(serializers.Serializer):
-    """Every plain field of a step; DRF's JSON encoder handles dates and UUIDs."""
-
-    def to_representation(self, instance) -> dict[str, Any]:
-        return {
-            field.name: field.value_from_object(instance)
-            for field in instance._meta.concrete_fields
-            if not field.is_relation
-        }
+    class Meta:
+        model = RunStep
+        fields = ["seq", "node_path", "step_name", "kind", "target", "status", "attempts", "started_at",
+                  "finished_at", "output_summary", "error"]
+        read_only_fields = fields
 
 
 class RunDetailSerializer(RunSerializer):
     tool_calls = ToolCallSerializer(many=True, read_only=True)
+    steps = RunStepSerializer(many=True, read_only=True, help_text="A workflow run's steps, in the order they started.")
     replays = ReplaySummarySerializer(many=True, read_only=True)
     replay_decision = serializers.SerializerMethodField()
 
     class Meta(RunSerializer.Meta):
-        fields = RunSerializer.Meta.fields + ["tool_calls", "replays", "replay_decision"]
+        fields = RunSerializer.Meta.fields + ["tool_calls", "steps", "replays", "replay_decision"]
         read_only_fields = fields
-
-    def get_fields(self):
-        fields = super().get_fields()
-        if run_step_model() is not None:
-            fields["steps"] = serializers.SerializerMethodField()
-        return fields
 
     @extend_schema_field(ReplayDecisionSerializer)
     def get_replay_decision(self, run: AgentRun) -> dict:
         from runs import replay as rules
 
         return rules.describe_now(run)
-
-    @extend_schema_field(serializers.ListField(child=serializers.DictField()))
-    def get_steps(self, run: AgentRun) -> list[dict]:
-        model = run_step_model()
-        link = next(
-            (f.name for f in model._meta.concrete_fields if f.is_relation and f.related_model is AgentRun), None
-        )
-        if link is None:
-            return []
-        steps = model.objects.filter(**{link: run}).order_by("pk")
-        return RunStepSerializer(steps, many=True).data
 
 
 class AttachmentSerializer(serializers.Serializer):

@@ -2,11 +2,13 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
+from agents.api import WorkflowViewSet
 from runs.api.views import RunViewSet
 from runs.api.webhooks import WebhookReceiveView
 
 router = SimpleRouter()
 router.register("runs", RunViewSet, basename="run")
+router.register("workflows", WorkflowViewSet, basename="workflow")
 
 app_name = "api"
 

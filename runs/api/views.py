@@ -27,7 +27,7 @@ from runs.api.serializers import (
     RunEventsSerializer,
     RunSerializer,
 )
-from runs.models import AgentRun, RunStatus, ToolCall, Trigger
+from runs.models import AgentRun, RunStatus, RunStep, ToolCall, Trigger
 
 # Room for the form fields and multipart framing around an upload of MAX_UPLOAD_BYTES.
 MULTIPART_OVERHEAD_BYTES = 1024 * 1024
@@ -133,6 +133,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         if self.action == "retrieve":
             runs = runs.prefetch_related(
                 Prefetch("tool_calls", queryset=ToolCall.objects.order_by("seq")),
+                Prefetch("steps", queryset=RunStep.objects.order_by("seq")),
                 Prefetch("replays", queryset=AgentRun.objects.order_by("created_at")),
             )
         return runs
@@ -184,7 +185,12 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         )
 
     @extend_schema(
-        summary="Start a run",
+        summary="Start a run of an agent or a workflow",
+        description=(
+            "`agent` names a registered agent or a workflow (or give `workflow` instead). A workflow run has "
+            "trigger `workflow`, records its steps, and takes `params.scripts` (a script per agent name) "
+            "for the scripted model."
+        ),
         request={"application/json": RunCreateSerializer, "multipart/form-data": RunCreateSerializer},
         responses={202: RunSerializer, **errors(400, 401, 413, 415)},
         examples=[

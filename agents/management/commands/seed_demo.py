@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand
 
-from agents.models import Customer
+from agents.models import Customer, WorkflowDefinition
+from agents.services import save_workflow
 from runs import executor, services
 from runs.management.commands.run_agent import describe
 from runs.models import AgentRun
@@ -35,15 +36,46 @@ DEMO_RUNS = [
 ]
 
 
+DEMO_WORKFLOW = {
+    "name": "refund_review",
+    "description": (
+        "Triage and billing look at the request side by side (read-only), their findings are joined "
+        "into one brief, and the support agent answers the customer with it."
+    ),
+    "graph": {
+        "steps": {
+            "triage": {"agent": "triage"},
+            "billing": {"agent": "billing"},
+            "findings": {"join": True},
+            "brief": {"function": "combine_findings"},
+            "support": {"agent": "support", "retry": {"max_attempts": 2, "initial_delay": 2}},
+        },
+        "chains": [["START", ["triage", "billing"], "findings", "brief", "support"]],
+    },
+}
+
+
+def ensure_demo_workflow() -> tuple[WorkflowDefinition, bool]:
+    """The demo workflow, created once; a staff member's later edits are kept."""
+    existing = WorkflowDefinition.objects.filter(name=DEMO_WORKFLOW["name"]).first()
+    if existing is not None:
+        return existing, False
+    return save_workflow(**DEMO_WORKFLOW), True
+
+
 class Command(BaseCommand):
     help = (
         "Seed the demo by really running the scripted support agent: one run that succeeds, one "
-        "that fails before any tool, one that fails after send_email. Only into an empty ledger."
+        "that fails before any tool, one that fails after send_email, and one run of the demo "
+        "workflow (created if missing). Runs are seeded only into an empty ledger."
     )
 
     def handle(self, *args, **options):
         for customer in DEMO_CUSTOMERS:
             Customer.objects.get_or_create(email=customer["email"], defaults=customer)
+        workflow, created = ensure_demo_workflow()
+        if created:
+            self.stdout.write(f"Demo workflow {workflow.name!r} created.")
         if AgentRun.objects.exists():
             self.stdout.write("The ledger already holds runs; the demo is not seeded again.")
             return
@@ -59,3 +91,9 @@ class Command(BaseCommand):
             run.refresh_from_db()
             summary = describe(run).replace("\n", "; ")
             self.stdout.write(f"Demo run {run.run_id}: {summary}")
+        run = services.start_run(
+            agent_name=workflow.name, message="Jane asks where her refund is.", owner_id="alice", enqueue=False
+        )
+        executor.execute(run.run_id)
+        run.refresh_from_db()
+        self.stdout.write(f"Demo workflow run {run.run_id}: {describe(run).replace(chr(10), '; ')}")

@@ -11,16 +11,19 @@ from runs.models import IN_FLIGHT, AgentRun
 
 class Command(BaseCommand):
     help = (
-        "Start a run of a registered agent. The run is written down (with a copy of --file) "
+        "Start a run of a registered agent or a workflow. The run is written down (with a copy of --file) "
         "before it is queued; --wait prints its outcome once a worker has settled it."
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("agent", help="registered agent name, e.g. support")
+        parser.add_argument("agent", help="registered agent or workflow name, e.g. support or refund_review")
         parser.add_argument("message", help="what the agent should do")
         parser.add_argument("--owner", required=True, help="the end user the run acts for")
         parser.add_argument("--file", help="a file to attach; it is copied before the run starts")
         parser.add_argument("--script", help="JSON list of scripted-model steps (offline model only)")
+        parser.add_argument(
+            "--scripts", help='for a workflow: JSON object of scripts per agent name, e.g. {"triage": [...]}'
+        )
         parser.add_argument("--wait", action="store_true", help="wait for the outcome and print it")
         parser.add_argument(
             "--inline",
@@ -36,6 +39,11 @@ class Command(BaseCommand):
                 params["script"] = json.loads(options["script"])
             except json.JSONDecodeError as exc:
                 raise CommandError(f"--script is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}.")
+        if options["scripts"] is not None:
+            try:
+                params["scripts"] = json.loads(options["scripts"])
+            except json.JSONDecodeError as exc:
+                raise CommandError(f"--scripts is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}.")
         handle = None
         if options["file"]:
             path = Path(options["file"])

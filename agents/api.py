@@ -1,0 +1,102 @@
+"""`/api/workflows/`: workflow definitions. Anyone signed in reads them; writing needs the model's
+add/change/delete permission (staff who edit them in the admin). Every write goes through
+`agents.services.save_workflow`, the same checks as the admin form."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_view
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.exceptions import NotFound
+from rest_framework.permissions import DjangoModelPermissions, IsAuthenticated
+from rest_framework.response import Response
+
+from agents import services
+from agents.models import WorkflowDefinition
+from runs.api.serializers import StrictCharField, StrictSerializer
+from runs.api.views import ERRORS
+
+
+class WorkflowSerializer(serializers.ModelSerializer):
+    updated_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = WorkflowDefinition
+        fields = ["name", "description", "graph", "created_at", "updated_at", "updated_by"]
+        read_only_fields = fields
+
+
+class WorkflowWriteSerializer(StrictSerializer):
+    name = StrictCharField(trim_whitespace=False, help_text="Letters, digits and underscores.")
+    description = StrictCharField(required=False, default="", allow_blank=True)
+    graph = serializers.JSONField(help_text='{"steps": {...}, "chains": [["START", ...]]}; see the README.')
+
+
+EXAMPLE = {
+    "name": "refund_review",
+    "description": "Triage and billing look at the request, then support answers.",
+    "graph": {
+        "steps": {
+            "triage": {"agent": "triage"},
+            "billing": {"agent": "billing"},
+            "findings": {"join": True},
+            "brief": {"function": "combine_findings"},
+            "support": {"agent": "support"},
+        },
+        "chains": [["START", ["triage", "billing"], "findings", "brief", "support"]],
+    },
+}
+
+
+def _errors(*codes: int) -> dict:
+    return {code: ERRORS[code] for code in codes}
+
+
+@extend_schema_view(
+    list=extend_schema(summary="List workflow definitions", responses={200: WorkflowSerializer(many=True)}),
+    retrieve=extend_schema(summary="One workflow definition", responses={200: WorkflowSerializer, **_errors(404)}),
+    destroy=extend_schema(summary="Delete a workflow definition", responses={204: None, **_errors(403, 404)}),
+)
+class WorkflowViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet
+):
+    serializer_class = WorkflowSerializer
+    queryset = WorkflowDefinition.objects.select_related("updated_by").order_by("name")
+    permission_classes = [IsAuthenticated, DjangoModelPermissions]
+    lookup_field = "name"
+    pagination_class = None
+
+    def get_object(self):
+        definition = self.get_queryset().filter(name=self.kwargs["name"]).first()
+        if definition is None:
+            raise NotFound(f"There is no workflow named {self.kwargs['name']!r}.")
+        return definition
+
+    def _write(self, request, instance: WorkflowDefinition | None) -> WorkflowDefinition:
+        serializer = WorkflowWriteSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        return services.save_workflow(
+            name=data["name"], graph=data["graph"], description=data["description"], actor=request.user,
+            instance=instance,
+        )
+
+    @extend_schema(
+        summary="Create a workflow definition",
+        description="400 with `errors.graph` naming each problem: unknown agents, functions or workflows, "
+        "cycles, dangling joins, an empty graph…",
+        request=WorkflowWriteSerializer,
+        responses={201: WorkflowSerializer, **_errors(400, 403)},
+        examples=[OpenApiExample("Fan-out and join", value=EXAMPLE, request_only=True)],
+    )
+    def create(self, request, *args, **kwargs):
+        definition = self._write(request, None)
+        return Response(WorkflowSerializer(definition).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        summary="Replace a workflow definition",
+        request=WorkflowWriteSerializer,
+        responses={200: WorkflowSerializer, **_errors(400, 403, 404)},
+    )
+    def update(self, request, *args, **kwargs):
+        definition = self._write(request, self.get_object())
+        return Response(WorkflowSerializer(definition).data)

@@ -1,0 +1,86 @@
+"""Workflow definitions: the rules every door (admin form, API, runs) goes through."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from agents import workflows
+from agents.models import WorkflowDefinition
+from agents.registry import AGENTS, AgentSpec, UnknownAgentError, get_agent_spec
+
+
+def _graph_of(name: str) -> dict | None:
+    return WorkflowDefinition.objects.filter(name=name).values_list("graph", flat=True).first()
+
+
+def check_workflow(*, name: Any, graph: Any, instance_pk: int | None = None) -> tuple[str, dict]:
+    """Validate a definition; return (name, graph) or raise ValidationError naming each problem.
+
+    Besides the graph's own rules, the workflows it runs must exist and must not run this one
+    (directly or through others): a workflow cannot include itself.
+    """
+    errors: dict[str, list[str]] = {}
+    try:
+        name = workflows.validate_workflow_name(name)
+    except workflows.WorkflowGraphError as exc:
+        errors["name"] = exc.problems
+    else:
+        taken = WorkflowDefinition.objects.filter(name=name)
+        if instance_pk is not None:
+            taken = taken.exclude(pk=instance_pk)
+        if taken.exists():
+            errors["name"] = [f"A workflow called “{name}” already exists."]
+    try:
+        workflows.validate_graph(graph, workflow_exists=lambda other: other == name or _graph_of(other) is not None)
+    except workflows.WorkflowGraphError as exc:
+        errors["graph"] = exc.problems
+    if not errors:
+        try:
+            # The stored graph of `name` is the one being replaced: resolve against the new one.
+            workflows.snapshot(name, graph, lookup=lambda other: graph if other == name else _graph_of(other))
+        except workflows.WorkflowGraphError as exc:
+            errors["graph"] = exc.problems
+    if errors:
+        raise ValidationError(errors)
+    return name, graph
+
+
+def save_workflow(
+    *, name: Any, graph: Any, description: Any = "", actor: Any = None, instance: WorkflowDefinition | None = None
+) -> WorkflowDefinition:
+    """Create or replace a definition after validating it (the API's door; the admin uses clean())."""
+    if not isinstance(description, str):
+        raise ValidationError({"description": "description must be a string."})
+    with transaction.atomic():
+        name, graph = check_workflow(name=name, graph=graph, instance_pk=instance.pk if instance else None)
+        definition = instance or WorkflowDefinition()
+        definition.name, definition.graph, definition.description = name, graph, description
+        definition.updated_at = timezone.now()
+        definition.updated_by = actor if getattr(actor, "is_authenticated", False) else None
+        definition.save()
+    return definition
+
+
+def workflow_snapshot(name: str) -> dict | None:
+    """What a run of `name` stores and executes, resolved now; None if there is no such workflow."""
+    graph = _graph_of(name)
+    if graph is None:
+        return None
+    return workflows.snapshot(name, graph, lookup=_graph_of)
+
+
+def resolve_runnable(name: Any) -> AgentSpec | dict:
+    """A registered agent's spec, or a workflow's snapshot; UnknownAgentError naming both kinds."""
+    if isinstance(name, str) and name in AGENTS:
+        return get_agent_spec(name)
+    snap = workflow_snapshot(name) if isinstance(name, str) else None
+    if snap is None:
+        known = sorted(WorkflowDefinition.objects.values_list("name", flat=True)[:50])
+        error = UnknownAgentError(name if isinstance(name, str) else repr(name))
+        error.args = (f"{error.args[0]} Workflows: {', '.join(known) or 'none'}.",)
+        raise error
+    return snap
