@@ -1,5 +1,6 @@
 import json
 import uuid
+from collections import Counter
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
@@ -44,9 +45,13 @@ class ToolCallInline(ReadOnlyAdminMixin, admin.TabularInline):
 
 
 def tools_label(run: AgentRun) -> str:
+    """unknown / none / each tool once in first-call order, with a count when called repeatedly."""
     if run.tools_executed is None:
         return "unknown"
-    return ", ".join(run.tools_executed) or "none"
+    counts = Counter(run.tools_executed)
+    return ", ".join(
+        name if counts[name] == 1 else f"{name} ×{counts[name]}" for name in dict.fromkeys(run.tools_executed)
+    ) or "none"
 
 
 def retries_label(run: AgentRun) -> str:

@@ -70,6 +70,7 @@ def label(run) -> str:
 def test_the_list_shows_what_support_needs(sam):
     failed = make_run(tools=["send_email", "update_crm"], error_code="tool_failed", error_message="CRM down")
     unknown = make_run(tools=None)
+    make_run(tools=["lookup_customer", "send_email", "lookup_customer"])
     replay = make_run(status=RunStatus.QUEUED)
     AgentRun.objects.filter(pk=replay.pk).update(replay_of=failed)
 
@@ -77,6 +78,7 @@ def test_the_list_shows_what_support_needs(sam):
     for column in ("status", "agent", "trigger", "owner", "tools called", "attempts", "replay of", "latest replay"):
         assert column in html.lower()
     assert "send_email, update_crm" in html
+    assert "lookup_customer ×2, send_email" in html  # each tool once, in first-call order
     assert "unknown" in html
     assert f"{str(failed.run_id)[:8]} (error)" in html  # the replay's link back to its original
     assert reverse("admin:runs_agentrun_change", args=[replay.run_id]) in html  # the original's latest replay
