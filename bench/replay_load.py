@@ -134,7 +134,9 @@ async def load(url: str, token: str, ids: list[str], *, clients: int, seconds: f
     outcomes: Counter = Counter()
     transport_errors: Counter = Counter()
     rng = random.Random(seed)
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    # Idle connections expire on the client before uvicorn's 5 s keep-alive closes them, so a
+    # request never goes out on a connection the server is closing at that moment.
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients, keepalive_expiry=2.0)
     async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Token {token}"}, limits=limits,
                                  timeout=60) as http:
         deadline = time.monotonic() + seconds
