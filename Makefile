@@ -53,6 +53,7 @@ bench: $(VENV)/.bench-installed
 	$(PY) bench/admin_changelist.py --runs 1000000
 	$(PY) bench/diet_request_size.py
 	$(PY) bench/chat_ttfe.py --turns 40
+	$(PY) bench/workflow_steps.py --runs 60 --warmup 5 --block 5
 	if [ -f bench/webhook_throughput.py ]; then $(PY) bench/webhook_throughput.py; fi
 	$(PY) bench/report.py --markdown $(BENCH_REPORT)
 

@@ -18,9 +18,9 @@ import argparse
 import time
 import uuid
 
-from _common import print_table, save_results, setup_django, summary
+from _benchdb import bench_database
+from _common import print_table, save_results, summary
 
-DATABASE = "agentledger_bench_workflow_steps"
 
 
 class NoRecorder:
@@ -45,9 +45,11 @@ def main() -> None:
     args = parser.parse_args()
     if min(args.runs, args.block) < 1 or args.warmup < 0:
         parser.error("--runs and --block must be positive, --warmup not negative")
+    with bench_database("workflow_steps"):
+        measure(args)
 
-    setup_django(DATABASE, fresh=True)
 
+def measure(args: argparse.Namespace) -> None:
     from google.adk.apps import App
     from google.adk.runners import Runner
     from google.genai import types
