@@ -78,7 +78,7 @@ def run(args) -> int:
     from django.conf import settings
     from django.db import connection
 
-    from memory import fulltext, services
+    from memory import fulltext
     from memory.search import search_terms
 
     rng = random.Random(20261129)

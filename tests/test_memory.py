@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import DatabaseError, connection
+from django.db import connection
 from django.urls import reverse
 from django.utils import timezone
 from google.adk.events.event import Event
