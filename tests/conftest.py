@@ -20,6 +20,17 @@ def _release_adk_connections(django_db_setup, django_db_blocker):
 
     with django_db_blocker.unblock():
         release_process_resources()
+        from django.db import connection
+
+        if connection.vendor == "postgresql":
+            # Child processes killed with SIGKILL, or threads a test started, may still hold a
+            # session on the test database; end them so it can be dropped.
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            connection.close()
 
 
 @pytest.fixture(autouse=True)
