@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from _benchdb import bench_database
+from _common import row, save_results
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 WORKERS = 4
@@ -272,6 +273,16 @@ def main() -> None:
         print(f"  lost: {inbox['lost']}")
         print(f"  peer, the same runs without the inbox: {direct_s:.1f} s, {direct_rate:.2f} runs/s")
         print(f"  ratio inbox / peer (processing throughput): {processed_rate / direct_rate:.2f}")
+        save_results(
+            "webhook_throughput",
+            [
+                row("events accepted over HTTP", accepted_rate, "events/s"),
+                row("events processed, 4 workers, one killed", processed_rate, "events/s",
+                    peer="the same runs without the inbox", peer_value=direct_rate),
+                row("duplicates", inbox["duplicates"], target="= 0"),
+                row("lost events", inbox["lost"], target="= 0"),
+            ],
+        )
         if inbox["duplicates"] or inbox["lost"] or inbox["other_answers"] or inbox["split_ids"]:
             raise SystemExit("FAILED: duplicates or lost events")
 
