@@ -140,10 +140,6 @@ def _background_loop() -> asyncio.AbstractEventLoop:
         return _loop_state["loop"]
 
 
-def background_loop() -> asyncio.AbstractEventLoop:
-    return _background_loop()
-
-
 def run_coroutine(coro: Coroutine[Any, Any, T]) -> T:
     """Run `coro` on this process's agent loop and wait for its result.
 
