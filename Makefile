@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 
-.PHONY: run test install migrate demo serve clean bench bench-crash
+.PHONY: run test check install migrate clean bench bench-crash
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,12 @@ run: migrate
 
 test: install
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The fast, strict checks CI runs before the suite: style, migrations, the import contract.
+check: install
+	$(VENV)/bin/ruff check .
+	$(PY) manage.py makemigrations --check --dry-run
+	$(VENV)/bin/lint-imports
 
 # Benchmarks: PostgreSQL only. Each script makes (and drops) its own agentledger_bench_* database
 # on the server BENCH_DATABASE_URL points at, writes bench/results/<name>.json, and report.py
@@ -54,7 +60,7 @@ bench: $(VENV)/.bench-installed
 	$(PY) bench/diet_request_size.py
 	$(PY) bench/chat_ttfe.py --turns 40
 	$(PY) bench/workflow_steps.py --runs 60 --warmup 5 --block 5
-	if [ -f bench/webhook_throughput.py ]; then $(PY) bench/webhook_throughput.py; fi
+	$(PY) bench/webhook_throughput.py
 	$(PY) bench/report.py --markdown $(BENCH_REPORT)
 
 # A worker SIGKILLed at each of the seven points of a run, CRASH_MATRIX_REPEATS times per point.

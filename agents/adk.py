@@ -17,6 +17,7 @@ import weakref
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from asgiref.sync import SyncToAsync
 from django.conf import settings
 from django.db import connections
 from google.adk.sessions.database_session_service import DatabaseSessionService
@@ -152,7 +153,6 @@ def run_coroutine(coro: Coroutine[Any, Any, T]) -> T:
 def _orm_thread_call(func: Any) -> None:
     # Django's async ORM (and sync_to_async) runs queries made from the agent loop on asgiref's
     # single shared thread, which keeps its own database connection.
-    from asgiref.sync import SyncToAsync
 
     SyncToAsync.single_thread_executor.submit(func).result()
 
@@ -163,7 +163,6 @@ def drop_unusable_connection() -> None:
     close_old_connections() would also close a healthy connection when CONN_MAX_AGE is 0,
     making every run pay for a new connection.
     """
-    from django.db import connections
 
     conn = connections["default"]
     if conn.connection is not None and (conn.errors_occurred or not conn.is_usable()):
@@ -180,7 +179,6 @@ def release_process_resources() -> None:
 
     Needed before a database can be dropped (test teardown) and on orderly shutdown.
     """
-    from django.db import connections
 
     with _loop_lock:
         loop = _loop_state["loop"] if _loop_state["pid"] == os.getpid() else None

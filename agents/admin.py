@@ -11,7 +11,7 @@ from agents.models import AdkEvent, AdkSession, CrmNote, Customer, OutboxEmail, 
 from agents.registry import AGENTS
 from agents.workflow_html import GRAPH_CSS, render_graph
 from agents.workflows import FUNCTION_STEPS
-from runs.admin import ReadOnlyAdminMixin
+from config.lib.admin import ReadOnlyAdminMixin
 
 
 @admin.register(Customer)

@@ -12,8 +12,8 @@ from rest_framework.response import Response
 
 from agents import services
 from agents.models import WorkflowDefinition
-from runs.api.serializers import StrictCharField, StrictSerializer
-from runs.api.views import ERRORS
+from config.lib.api_errors import ERRORS
+from config.lib.serializers import StrictCharField, StrictSerializer
 
 
 class WorkflowSerializer(serializers.ModelSerializer):

@@ -139,7 +139,7 @@ def main() -> None:
                     break
                 except httpx.TransportError:
                     if server.poll() is not None or time.monotonic() > deadline:
-                        raise SystemExit(f"the server did not start: {server.stderr.read().decode()[-2000:]}")
+                        raise SystemExit(f"the server did not start: {server.stderr.read().decode()[-2000:]}") from None
                     time.sleep(0.2)
 
             for _ in range(args.warmup):

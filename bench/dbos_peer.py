@@ -47,10 +47,9 @@ def parse_args() -> argparse.Namespace:
 
 
 def measure(args: argparse.Namespace) -> None:
+    from _benchdb import database_url, drop_database
     from asgiref.sync import sync_to_async
     from dbos import DBOS
-
-    from _benchdb import database_url, drop_database
     from google.adk.events.event import Event
     from google.genai import types
 

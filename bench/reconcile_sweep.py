@@ -10,11 +10,10 @@ scans disabled as the peer. Drops the database at the end.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from datetime import timedelta
-
-import os
 
 from _benchdb import bench_database, timed
 from _common import row, save_results

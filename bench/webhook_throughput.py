@@ -4,7 +4,7 @@
 
 Builds its own database (agentledger_bench_webhooks), starts the ASGI server (uvicorn, as
 `manage.py serve` does) and 4 worker processes that call the inbox's processing
-(`runs.webhooks.process_due`: claim with a lease, run, settle). Signed events are POSTed over
+(`runs.inbox.processing.process_due`: claim with a lease, run, settle). Signed events are POSTed over
 HTTP by 8 client threads, each event twice (the redelivery must answer 200 and store nothing).
 The scripted agent makes one read-only tool call (lookup_customer) per event. When 40 % of the
 events are settled one worker is killed with SIGKILL; the others take its event over once its
@@ -54,11 +54,12 @@ os.environ.setdefault("EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBa
 INBOX_WORKER = """
 import time, django
 django.setup()
-from runs import executor, services, webhooks  # imports ADK before saying ready
+from runs import executor, lifecycle, services  # noqa: F401 - imports ADK before saying ready
+from runs.inbox import processing  # noqa: F401
 print("ready", flush=True)
-worker = services.worker_name()
+worker = lifecycle.worker_name()
 while True:
-    if not webhooks.process_due(worker=worker):
+    if not processing.process_due(worker=worker):
         time.sleep(0.05)
 """
 
@@ -136,8 +137,8 @@ def settled_count() -> int:
 def inbox_run(events: int, port: int) -> dict:
     import httpx
 
+    from runs.inbox.signing import sign
     from runs.models import AgentRun, WebhookEvent
-    from runs.webhooks import sign
 
     bodies = [json.dumps({"from": "jane@example.com", "text": f"Question {n}", "n": n}).encode() for n in range(events)]
     message_ids = [f"bench-{uuid.uuid4()}" for _ in range(events)]

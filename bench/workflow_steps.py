@@ -22,7 +22,6 @@ from _benchdb import bench_database
 from _common import print_table, save_results, summary
 
 
-
 class NoRecorder:
     async def started(self, **kwargs) -> None:
         return None

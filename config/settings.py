@@ -294,7 +294,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "runs.api.exceptions.api_exception_handler",
+    "EXCEPTION_HANDLER": "config.lib.api_errors.api_exception_handler",
 }
 
 SPECTACULAR_SETTINGS = {

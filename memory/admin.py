@@ -7,9 +7,9 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from agents.registry import AGENTS
+from config.lib.admin import ReadOnlyAdminMixin
 from memory import services
 from memory.models import MemoryEntry
-from runs.admin import ReadOnlyAdminMixin
 
 
 class AgentFilter(admin.SimpleListFilter):

@@ -26,8 +26,8 @@ from google.adk.events.event import Event
 from agents.models import AdkEvent
 from agents.registry import UnknownAgentError, get_agent_spec
 from memory.models import MemoryEntry
+from memory.refusals import InvalidLimit, InvalidQuery, MissingScope, UnknownAgent
 from memory.search import search_terms
-from runs.models import AgentRun, RunStatus
 
 logger = logging.getLogger(__name__)
 
@@ -39,41 +39,6 @@ OMITTED = "[data omitted]"
 
 _DATA_URL = re.compile(r"data:[\w.+-]+/[\w.+-]+;base64,[A-Za-z0-9+/=]+")
 _LONG_BASE64 = re.compile(r"[A-Za-z0-9+/]{200,}={0,2}")
-
-
-# --- Refusals -----------------------------------------------------------------------------------------
-
-
-class MemoryRefusal(Exception):
-    """A request the memory rules refuse; `code` is the machine-readable reason."""
-
-    code = "invalid"
-    status = 400
-
-    def __init__(self, detail: str):
-        super().__init__(detail)
-        self.detail = detail
-
-
-class MissingScope(MemoryRefusal):
-    code = "missing_scope"
-
-
-class UnknownAgent(MemoryRefusal):
-    code = "unknown_agent"
-
-
-class InvalidQuery(MemoryRefusal):
-    code = "empty_query"
-
-
-class InvalidLimit(MemoryRefusal):
-    code = "invalid_limit"
-
-
-class ScopeNotVisible(MemoryRefusal):
-    code = "not_found"
-    status = 404
 
 
 # --- What gets remembered ---------------------------------------------------------------------------------
@@ -212,26 +177,6 @@ def clean_limit(limit: Any) -> int | None:
     return number
 
 
-def can_see_scope(*, user: Any, agent: str, owner_id: str) -> bool:
-    """The runs' visibility rule applied to memories.
-
-    Staff and holders of runs.view_agentrun see every run, hence every scope; anyone else sees
-    an owner's memories of an agent only if they started at least one run of that agent for
-    that owner.
-    """
-    if user is None or not user.is_authenticated or not user.is_active:
-        return False
-    if user.is_staff or user.has_perm("runs.view_agentrun"):
-        return True
-    return AgentRun.objects.filter(agent_name=agent, owner_id=owner_id, created_by=user).exists()
-
-
-def check_visible(*, user: Any, agent: str, owner_id: str) -> None:
-    if not can_see_scope(user=user, agent=agent, owner_id=owner_id):
-        # The same answer whether the scope is empty, unknown or someone else's.
-        raise ScopeNotVisible(f"No memories of agent {agent!r} for owner {owner_id!r} are visible to you.")
-
-
 # --- Writing ----------------------------------------------------------------------------------------------
 
 
@@ -261,38 +206,40 @@ def ingest(*, agent: str, owner_id: str, items: Sequence[Remembered]) -> int:
     return len(rows)
 
 
-def remember_run(*, run_id: uuid.UUID) -> int:
-    """Add what a successful run's user and agent said to the memory of its (agent, owner).
+def remember_session(*, agent: str, owner_id: str, session_id: str, invocation_id: str, run_id: uuid.UUID) -> int:
+    """Add what one invocation's user and agent said (as stored in its session) to the (agent, owner) scope.
 
-    Idempotent: feeding the same run again stores nothing new. Runs that did not succeed are
-    not remembered.
+    Idempotent: feeding the same invocation again stores nothing new. The caller decides what is
+    worth remembering (the ledger feeds successful runs only).
     """
-    run = AgentRun.objects.get(pk=run_id)
-    if run.status != RunStatus.SUCCESS:
-        return 0
     rows = AdkEvent.objects.filter(
-        app_name=run.agent_name,
-        user_id=run.owner_id,
-        session_id=run.session_id,
-        invocation_id=run.invocation_id,
+        app_name=agent,
+        user_id=owner_id,
+        session_id=session_id,
+        invocation_id=invocation_id,
     ).order_by("timestamp", "id")
     events = [Event.model_validate({**row.event_data, "id": row.id}) for row in rows if row.event_data]
-    return remember_events(run=run, events=events)
+    return remember_events(
+        agent=agent, owner_id=owner_id, session_id=session_id, invocation_id=invocation_id, run_id=run_id,
+        events=events,
+    )
 
 
-def remember_events(*, run: AgentRun, events: Sequence[Event]) -> int:
-    """Add a successful run's events (as stored) to its scope's memory; idempotent like remember_run.
+def remember_events(
+    *, agent: str, owner_id: str, session_id: str, invocation_id: str, run_id: uuid.UUID, events: Sequence[Event]
+) -> int:
+    """Add one invocation's events to its scope's memory; idempotent like remember_session.
 
     The worker passes the events ADK yielded, so remembering costs no read of the session.
     """
     items = memories_from_events(
-        [event for event in events if event.invocation_id == run.invocation_id],
-        session_id=run.session_id,
-        run_id=run.run_id,
+        [event for event in events if event.invocation_id == invocation_id],
+        session_id=session_id,
+        run_id=run_id,
     )
     with transaction.atomic():
-        added = ingest(agent=run.agent_name, owner_id=run.owner_id, items=items)
-    logger.info("Run %s: %d new memories for %s/%s", run.run_id, added, run.agent_name, run.owner_id)
+        added = ingest(agent=agent, owner_id=owner_id, items=items)
+    logger.info("Run %s: %d new memories for %s/%s", run_id, added, agent, owner_id)
     return added
 
 

@@ -39,8 +39,8 @@ from agents.retrying import EMPTY_TURN, RATE_LIMIT, RetryLog, current_retry_log,
 from agents.scripted import ScriptedModelError
 from agents.workflows import StepEndedWithError, compile_workflow, original_error
 from memory.adk import memory_service
-from memory.services import remember_events, remember_run
-from runs import services
+from memory.services import remember_events
+from runs import lifecycle
 from runs.journal import JournalPlugin
 from runs.models import AgentRun, RunStatus
 from runs.steps import RunStepRecorder, output_text
@@ -101,7 +101,7 @@ class RunControl:
 
     def _beat_once(self) -> None:
         try:
-            services.beat(run_id=self.run_id)
+            lifecycle.beat(run_id=self.run_id)
             cancel_requested = (
                 AgentRun.objects.filter(pk=self.run_id)
                 .values_list("cancel_requested_at", flat=True)
@@ -302,7 +302,7 @@ INTERNAL_OUTCOME = Outcome(RunStatus.ERROR, "internal", "The worker stopped befo
 
 def begin(run_id: uuid.UUID, control: RunControl) -> bool:
     """Claim the run and start its heartbeat; False if it was no longer queued."""
-    run = services.claim_and_load_run(run_id=run_id, worker=services.worker_name())
+    run = lifecycle.claim_and_load_run(run_id=run_id, worker=lifecycle.worker_name())
     if run is None:
         logger.info("Run %s was not claimed: it is no longer queued", run_id)
         return False
@@ -316,7 +316,7 @@ def finish(run_id: uuid.UUID, control: RunControl, outcome: Outcome) -> None:
     # One commit for the outcome and the memories it feeds; the memories sit in a savepoint, so
     # failing to remember can never undo the recorded outcome.
     with transaction.atomic():
-        settled = services.settle_run(
+        settled = lifecycle.settle_run(
             run_id=run_id,
             status=outcome.status,
             error_code=outcome.error_code,
@@ -332,9 +332,12 @@ def _remember(run_id: uuid.UUID, run: AgentRun | None, events: list[Event]) -> N
     try:
         with transaction.atomic():
             if run is not None and events:
-                remember_events(run=run, events=events)
+                remember_events(
+                    agent=run.agent_name, owner_id=run.owner_id, session_id=run.session_id,
+                    invocation_id=run.invocation_id, run_id=run.run_id, events=events,
+                )
             else:
-                remember_run(run_id=run_id)
+                lifecycle.remember_run(run_id=run_id)
     except Exception:  # noqa: BLE001
         logger.exception("Run %s: its conversation could not be added to long-term memory", run_id)
 

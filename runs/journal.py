@@ -19,14 +19,15 @@ import uuid
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.utils import timezone
 from google.adk.plugins.base_plugin import BasePlugin
 from google.adk.sessions.schemas.v1 import StorageEvent
 from sqlalchemy import event as sqlalchemy_event
 from sqlalchemy import text
 
-from runs.models import ToolCall, ToolCallStatus
+from agents.models import AdkEvent
+from runs.models import AgentRun, ToolCall, ToolCallStatus
 
 logger = logging.getLogger(__name__)
 
@@ -170,3 +171,51 @@ class JournalPlugin(BasePlugin):
             summary=f"{type(error).__name__}: {error}"[:SUMMARY_MAX_CHARS],
         )
         return None
+
+
+# --- Evidence: what a run called, for settling and reconciling -------------------------------------
+
+
+def session_tools(run: AgentRun) -> list[str]:
+    """Tools called according to ADK's stored events, from the run's user message on."""
+    events = AdkEvent.objects.filter(
+        app_name=run.agent_name,
+        user_id=run.owner_id,
+        session_id=run.session_id,
+        invocation_id=run.invocation_id,
+    ).order_by("timestamp", "id")
+    names: list[str] = []
+    seen_user_message = False
+    for event in events:
+        if not seen_user_message:
+            seen_user_message = event.author == "user"
+            if seen_user_message:
+                continue
+        names.extend(call.get("name", "") for call in event.function_calls)
+    return names
+
+
+def derive_tools_executed(run: AgentRun) -> list[str] | None:
+    """The three states of `tools_executed`: the journal, else the session, else unknown (None).
+
+    A journal row is written before its tool can start, so a readable journal is the truth. An
+    empty journal is still cross-checked against the session: unknown is not none.
+    """
+    from_journal: list[str] | None
+    try:
+        from_journal = journal_tools(run.run_id)
+    except DatabaseError:
+        logger.exception("Run %s: the tool journal could not be read", run.run_id)
+        from_journal = None
+    if from_journal:
+        return from_journal
+    try:
+        from_session = session_tools(run)
+    except (DatabaseError, ValueError, TypeError):
+        logger.exception("Run %s: the ADK session could not be read", run.run_id)
+        from_session = None
+    if from_session:
+        return from_session
+    if from_journal is not None:
+        return from_journal
+    return from_session

@@ -10,7 +10,7 @@ Every write is conditional on the row still being `running` and still stale, und
 (`SELECT … FOR UPDATE SKIP LOCKED`; SQLite's IMMEDIATE transactions serialise instead), so
 any number of reconcilers (the periodic job on several clusters, reads of a run in several web
 processes) land exactly once, a heartbeat that arrives in the meantime wins, and a worker
-that finishes afterwards keeps its outcome in `late_outcome` (`services.settle_run`).
+that finishes afterwards keeps its outcome in `late_outcome` (`lifecycle.settle_run`).
 
 Runs lost before they started (still `queued` long after they were written) are enqueued
 again: safe, because the claim is atomic and a duplicate task finds nothing to claim.
@@ -30,7 +30,7 @@ from django.db.models import Q, QuerySet
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from runs import services
+from runs import journal, lifecycle
 from runs.models import AgentRun, RunStatus, Trigger
 
 logger = logging.getLogger(__name__)
@@ -142,12 +142,12 @@ def reconciled_message(run: AgentRun, *, now: datetime) -> str:
 
 def _tools_executed(run: AgentRun, *, isolated: bool) -> list[str] | None:
     if not isolated:
-        return services.derive_tools_executed(run)
+        return journal.derive_tools_executed(run)
     # In a savepoint: a failed read leaves the locking transaction usable and the run's tools
     # unknown, instead of aborting the whole chunk.
     try:
         with transaction.atomic():
-            return services.derive_tools_executed(run)
+            return journal.derive_tools_executed(run)
     except DatabaseError:
         logger.exception("Run %s: tools called could not be derived; left unknown", run.run_id)
         return None
@@ -272,7 +272,7 @@ def requeue_lost_runs(*, now: datetime | None = None) -> list[uuid.UUID]:
                 requeued_at=now
             )
             if claimed:
-                transaction.on_commit(lambda run_id=run_id: services.enqueue_run(run_id))
+                transaction.on_commit(lambda run_id=run_id: lifecycle.enqueue_run(run_id))
                 requeued.append(run_id)
     if requeued:
         logger.warning("Enqueued %d run(s) again that were still queued after %s s", len(requeued),

@@ -1,31 +1,20 @@
-"""Typed refusals raised by the run services and translated by every door alike.
+"""The run ledger's refusals: one branch of the family in `config.lib.refusals`.
 
-Each refusal carries its HTTP status, a stable `code`, the sentence the API says (`detail`),
-the sentence the admin says (`admin_detail`, which differs only where it tells a person how to
-force) and context for machines (`tools`, `replay_run_id`, …).
+A replay refusal is either final (nobody can fix it by forcing: the run or a replay is in
+flight, the input is gone) or `forceable`: a person with the permission may set it aside with a
+reason. Forceable refusals keep their core `sentence`, so each door adds its own hint for what
+to do next (the API's `force=true`, the admin's “Force replay…”, the inbox's “Force reprocess…”)
+instead of rewriting another door's words.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from config.lib.refusals import Refusal
 
-class Refusal(Exception):
-    status: int = 409
-    code: str = "refused"
-
-    def __init__(self, detail: str, *, admin_detail: str | None = None, **context: Any):
-        super().__init__(detail)
-        self.detail = detail
-        self.admin_detail = admin_detail if admin_detail is not None else detail
-        self.context = {key: value for key, value in context.items() if value is not None}
-
-    def as_dict(self) -> dict[str, Any]:
-        """The API's error body: `{"code", "detail", ...context}`."""
-        return {"code": self.code, "detail": self.detail, **self.context}
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.code!r}, {self.detail!r})"
+API_FORCE_HINT = "Pass force=true to run it again anyway."
+ADMIN_FORCE_HINT = "Use “Force replay…” to run it again anyway."
 
 
 class RunNotFound(Refusal):
@@ -38,11 +27,24 @@ class RunNotFound(Refusal):
         super().__init__(f"There is no run {run_id} that you can see.", run_id=str(run_id))
 
 
-# --- Replay refusals (DESIGN §5, checked in this order) ---------------------------------------------
+# --- Replay refusals (checked in the order of docs/architecture.md, "Replay rules") -----------------
 
 
 class ReplayRefused(Refusal):
     """A refusal of `runs.replay.decide`."""
+
+    forceable = False
+
+    def __init__(self, sentence: str, **context: Any):
+        self.sentence = sentence
+        if self.forceable:
+            super().__init__(f"{sentence} {API_FORCE_HINT}", admin_detail=f"{sentence} {ADMIN_FORCE_HINT}", **context)
+        else:
+            super().__init__(sentence, **context)
+
+    def worded(self, hint: str) -> str:
+        """The refusal with another door's hint for what to do next."""
+        return f"{self.sentence} {hint}" if self.forceable else self.sentence
 
 
 class RunInFlight(ReplayRefused):
@@ -63,21 +65,25 @@ class InputGone(ReplayRefused):
 class RunSucceeded(ReplayRefused):
     status = 409
     code = "run_succeeded"
+    forceable = True
 
 
 class AlreadyReplayed(ReplayRefused):
     status = 409
     code = "already_replayed"
+    forceable = True
 
 
 class ToolsCalled(ReplayRefused):
     status = 409
     code = "tools_called"
+    forceable = True
 
 
 class ToolsUnknown(ReplayRefused):
     status = 409
     code = "tools_unknown"
+    forceable = True
 
 
 # --- Forcing -------------------------------------------------------------------------------------
@@ -101,7 +107,7 @@ class ReasonRequired(Refusal):
     def __init__(self) -> None:
         super().__init__(
             "A forced replay needs a reason: say why running it again is acceptable.",
-            admin_detail="Give a reason: say why running these runs again is acceptable.",
+            admin_detail="Give a reason: say why doing this again is acceptable.",
         )
 
 

@@ -29,9 +29,6 @@ from runs.refusals import (
     ToolsUnknown,
 )
 
-API_FORCE_HINT = "Pass force=true to run it again anyway."
-ADMIN_FORCE_HINT = "Use “Force replay…” to run it again anyway."
-
 
 @dataclass(frozen=True)
 class ReplaySummary:
@@ -73,18 +70,19 @@ class Decision:
         return "replayable" if self.refusal is None else self.refusal.code
 
     def as_dict(self) -> dict:
+        """The decision as the API shows it: `status` is the HTTP status a replay request would get."""
         if self.refusal is None:
             return {"allowed": True, "status": 202, "code": self.code, "detail": "A replay would start now."}
-        return {"allowed": False, "status": self.refusal.status, **self.refusal.as_dict()}
+        body = self.refusal.as_dict()
+        # A refusal's context may name the run's own status; it must not take the place of the HTTP status.
+        if "status" in body:
+            body["run_status"] = body.pop("status")
+        return {**body, "allowed": False, "status": self.refusal.status}
 
 
 def tool_names_once(tools: list[str] | None) -> list[str]:
     """Each tool once, in the order it was first called."""
     return list(dict.fromkeys(tools or []))
-
-
-def _forceable(cls: type[ReplayRefused], sentence: str, **context) -> ReplayRefused:
-    return cls(f"{sentence} {API_FORCE_HINT}", admin_detail=f"{sentence} {ADMIN_FORCE_HINT}", **context)
 
 
 def decide(run: AgentRun, *, force: bool, facts: ReplayFacts | None = None) -> Decision:
@@ -125,33 +123,27 @@ def decide(run: AgentRun, *, force: bool, facts: ReplayFacts | None = None) -> D
     refusal = _refusal_without_force(run, facts)
     if refusal is None:
         return Decision(force)
-    if force:
+    if force and refusal.forceable:
         return Decision(force, overridden=refusal)
     return Decision(force, refusal)
 
 
 def _refusal_without_force(run: AgentRun, facts: ReplayFacts) -> ReplayRefused | None:
     if run.status == RunStatus.SUCCESS:
-        return _forceable(RunSucceeded, "This run succeeded: a replay would do all of its work again.")
+        return RunSucceeded("This run succeeded: a replay would do all of its work again.")
     succeeded = next((r for r in facts.replays if r.status == RunStatus.SUCCESS), None)
     if succeeded is not None:
-        return _forceable(
-            AlreadyReplayed,
-            f"This run was already replayed successfully by run {succeeded.run_id}.",
+        return AlreadyReplayed(f"This run was already replayed successfully by run {succeeded.run_id}.",
             replay_run_id=str(succeeded.run_id),
         )
     tools = tool_names_once(run.tools_executed)
     if tools:
-        return _forceable(
-            ToolsCalled,
-            f"This run already called {', '.join(tools)} before failing: a replay would call "
+        return ToolsCalled(f"This run already called {', '.join(tools)} before failing: a replay would call "
             "them again.",
             tools=tools,
         )
     if run.tools_executed is None:
-        return _forceable(
-            ToolsUnknown,
-            "It is unknown whether this run called any tool before failing, so a replay "
+        return ToolsUnknown("It is unknown whether this run called any tool before failing, so a replay "
             "could repeat a side effect.",
         )
     return None

@@ -1,4 +1,8 @@
-"""The run ledger's rules. Views, admin actions, commands and tasks all call these functions."""
+"""Starting, replaying and cancelling runs. Views, admin actions, commands and tasks all call these functions.
+
+A run's life in its worker (claim, heartbeat, settle) is in `runs.lifecycle`; who may see a run is
+`runs.visibility`; what a run called is the journal's evidence (`runs.journal`).
+"""
 
 from __future__ import annotations
 
@@ -7,24 +11,23 @@ import json
 import logging
 import os
 import shutil
-import socket
 import unicodedata
 import uuid
 from pathlib import Path
 from typing import IO, Any
 
 from django.conf import settings
+from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
 from django.core.exceptions import ValidationError
-from django.db import DatabaseError, transaction
-from django.db.models import F
+from django.db import transaction
 from django.utils import timezone
 
-from agents.models import AdkEvent
 from agents.registry import UnknownAgentError, validate_params
 from agents.scripted import ScriptError
 from agents.services import resolve_runnable
 from agents.workflows import WorkflowGraphError, validate_workflow_params
-from runs import journal
+from runs import lifecycle, reconcile, visibility
+from runs import replay as rules
 from runs.models import AgentRun, RunStatus, Trigger
 from runs.refusals import (
     ForceNotPermitted,
@@ -33,7 +36,6 @@ from runs.refusals import (
     RunAlreadySettled,
     RunNotFound,
 )
-from runs.steps import settle_unfinished_steps
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +48,7 @@ _COPY_CHUNK = 1024 * 1024
 # --- Starting a run -------------------------------------------------------------------------------
 
 
-def _clean_owner_id(owner_id: Any) -> str:
+def clean_owner_id(owner_id: Any) -> str:
     if not isinstance(owner_id, str) or not owner_id.strip():
         raise ValidationError({"owner_id": "owner_id is required: the end user this run acts for."})
     owner_id = owner_id.strip()
@@ -125,12 +127,6 @@ def run_inputs_dir(run_id: uuid.UUID) -> Path:
     return Path(settings.RUN_INPUTS_DIR) / str(run_id)
 
 
-def enqueue_run(run_id: uuid.UUID) -> None:
-    from django_q.tasks import async_task
-
-    async_task("runs.tasks.execute_run", str(run_id), task_name=f"run {run_id}", group="runs")
-
-
 def _input_errors(
     *, agent_name: Any, message: Any, owner_id: Any, params: Any
 ) -> tuple[dict[str, Any], dict[str, list[str]]]:
@@ -140,7 +136,7 @@ def _input_errors(
     for field, clean, value in (
         ("agent", None, agent_name),
         ("message", _clean_message, message),
-        ("owner_id", _clean_owner_id, owner_id),
+        ("owner_id", clean_owner_id, owner_id),
         ("params", _clean_params, params),
     ):
         try:
@@ -246,161 +242,12 @@ def start_run(
                 conversation_id=conversation_id,
             )
             if enqueue:
-                transaction.on_commit(lambda: enqueue_run(run_id))
+                transaction.on_commit(lambda: lifecycle.enqueue_run(run_id))
     except BaseException:
         if stored_path:
             shutil.rmtree(run_inputs_dir(run_id), ignore_errors=True)
         raise
     return run
-
-
-# --- Claiming, heartbeats, settling ---------------------------------------------------------------
-
-
-def worker_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def claim_run(*, run_id: uuid.UUID, worker: str) -> bool:
-    """Move the run queued → running. False if anyone else got there first (or it was cancelled)."""
-    now = timezone.now()
-    claimed = AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
-        status=RunStatus.RUNNING,
-        started_at=now,
-        heartbeat_at=now,
-        attempts=F("attempts") + 1,
-        worker=worker,
-    )
-    return claimed == 1
-
-
-def claim_and_load_run(*, run_id: uuid.UUID, worker: str) -> AgentRun | None:
-    """Claim the run and read it back in one transaction; None if it was no longer queued."""
-    with transaction.atomic():
-        if not claim_run(run_id=run_id, worker=worker):
-            return None
-        return AgentRun.objects.get(pk=run_id)
-
-
-def beat(*, run_id: uuid.UUID) -> bool:
-    """Refresh the heartbeat; False once the run is no longer running (e.g. reconciled)."""
-    return AgentRun.objects.filter(pk=run_id, status=RunStatus.RUNNING).update(heartbeat_at=timezone.now()) == 1
-
-
-def session_tools(run: AgentRun) -> list[str]:
-    """Tools called according to ADK's stored events, from the run's user message on."""
-    events = AdkEvent.objects.filter(
-        app_name=run.agent_name,
-        user_id=run.owner_id,
-        session_id=run.session_id,
-        invocation_id=run.invocation_id,
-    ).order_by("timestamp", "id")
-    names: list[str] = []
-    seen_user_message = False
-    for event in events:
-        if not seen_user_message:
-            seen_user_message = event.author == "user"
-            if seen_user_message:
-                continue
-        names.extend(call.get("name", "") for call in event.function_calls)
-    return names
-
-
-def derive_tools_executed(run: AgentRun) -> list[str] | None:
-    """The three states of `tools_executed`: the journal, else the session, else unknown (None).
-
-    A journal row is written before its tool can start, so a readable journal is the truth. An
-    empty journal is still cross-checked against the session: unknown is not none.
-    """
-    from_journal: list[str] | None
-    try:
-        from_journal = journal.journal_tools(run.run_id)
-    except DatabaseError:
-        logger.exception("Run %s: the tool journal could not be read", run.run_id)
-        from_journal = None
-    if from_journal:
-        return from_journal
-    try:
-        from_session = session_tools(run)
-    except (DatabaseError, ValueError, TypeError):
-        logger.exception("Run %s: the ADK session could not be read", run.run_id)
-        from_session = None
-    if from_session:
-        return from_session
-    if from_journal is not None:
-        return from_journal
-    return from_session
-
-
-def settle_run(
-    *,
-    run_id: uuid.UUID,
-    status: str,
-    error_code: str = "",
-    error_message: str = "",
-    result: str = "",
-    run: AgentRun | None = None,
-) -> bool:
-    """Write the run's outcome if it is still `running`; otherwise keep it as a late outcome.
-
-    `run` (the row as claimed) saves reading it again; only its identity fields are used.
-    Returns True if this outcome became the run's status.
-    """
-    with transaction.atomic():
-        if run is None:
-            run = AgentRun.objects.get(pk=run_id)
-        tools = derive_tools_executed(run)
-        now = timezone.now()
-        settled = AgentRun.objects.filter(pk=run_id, status=RunStatus.RUNNING).update(
-            status=status,
-            error_code=error_code[:64],
-            error_message=error_message,
-            result=result,
-            tools_executed=tools,
-            finished_at=now,
-        )
-        if run.workflow:
-            # Whatever verdict stands, the worker is done with the run's steps.
-            settle_unfinished_steps(run_id=run_id)
-        if settled:
-            return True
-        # Someone settled it first (a reconciler that thought the worker dead): record what the
-        # worker saw without overwriting the first verdict.
-        AgentRun.objects.filter(pk=run_id).update(
-            late_outcome={
-                "status": status,
-                "error_code": error_code,
-                "error_message": error_message,
-                "result": result,
-                "tools_executed": tools,
-                "finished_at": now.isoformat(),
-            }
-        )
-    logger.warning("Run %s finished as %s after it had already been settled", run_id, status)
-    return False
-
-
-# --- Visibility -----------------------------------------------------------------------------------
-
-
-def can_see_every_run(user: Any) -> bool:
-    return bool(getattr(user, "is_staff", False) or (user is not None and user.has_perm("runs.view_agentrun")))
-
-
-def visible_runs(user: Any):
-    """Staff and holders of runs.view_agentrun see every run; anyone else only the runs they started."""
-    if user is None or not getattr(user, "is_authenticated", False):
-        return AgentRun.objects.none()
-    if can_see_every_run(user):
-        return AgentRun.objects.all()
-    return AgentRun.objects.filter(created_by=user)
-
-
-def get_visible_run(run_id: Any, *, actor: Any) -> AgentRun:
-    try:
-        return visible_runs(actor).get(pk=run_id)
-    except (AgentRun.DoesNotExist, ValidationError, ValueError):
-        raise RunNotFound(run_id) from None
 
 
 # --- Replaying ------------------------------------------------------------------------------------
@@ -412,8 +259,24 @@ def can_force_replay(user: Any) -> bool:
     return user is not None and user.has_perm("runs.force_replay_agentrun")
 
 
+def check_force_reason(reason: Any) -> str:
+    """The one rule for a force's reason, for every door: given, and not too long. Returns it cleaned."""
+    reason = reason.strip() if isinstance(reason, str) else ""
+    if not reason:
+        raise ReasonRequired()
+    if len(reason) > MAX_FORCE_REASON_CHARS:
+        raise ReasonTooLong(MAX_FORCE_REASON_CHARS)
+    return reason
+
+
+def check_force(*, actor: Any, reason: Any) -> str:
+    """May `actor` force, and did they say why? Returns the cleaned reason; raises the refusal otherwise."""
+    if not can_force_replay(actor):
+        raise ForceNotPermitted()
+    return check_force_reason(reason)
+
+
 def _log_forced_replay(*, actor: Any, original: AgentRun, replay: AgentRun, overridden: str, reason: str) -> None:
-    from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
 
     LogEntry.objects.log_actions(
         actor.pk,
@@ -438,21 +301,12 @@ def replay_run(run_id: Any, *, actor: Any, force: bool = False, reason: str = ""
     most one replay: the second waits, then sees the first one's replay in flight. (On SQLite,
     IMMEDIATE transactions serialise the same way.)
     """
-    from runs import reconcile
-    from runs import replay as rules
-
     if force:
-        if not can_force_replay(actor):
-            raise ForceNotPermitted()
-        reason = (reason or "").strip()
-        if not reason:
-            raise ReasonRequired()
-        if len(reason) > MAX_FORCE_REASON_CHARS:
-            raise ReasonTooLong(MAX_FORCE_REASON_CHARS)
+        reason = check_force(actor=actor, reason=reason)
 
     with transaction.atomic():
         try:
-            original = visible_runs(actor).select_for_update().get(pk=run_id)
+            original = visibility.visible_runs(actor).select_for_update().get(pk=run_id)
         except (AgentRun.DoesNotExist, ValidationError, ValueError):
             raise RunNotFound(run_id) from None
         # A run whose worker died is judged as what it is (a failure with unknown outcome), not
@@ -483,7 +337,7 @@ def replay_run(run_id: Any, *, actor: Any, force: bool = False, reason: str = ""
                 actor=actor, original=original, replay=replay, overridden=decision.overridden.code, reason=reason
             )
         replay_id = replay.run_id
-        transaction.on_commit(lambda: enqueue_run(replay_id))
+        transaction.on_commit(lambda: lifecycle.enqueue_run(replay_id))
     logger.info("Run %s replayed as %s (forced=%s) by %s", original.run_id, replay.run_id, forced, actor)
     return replay
 
@@ -504,11 +358,9 @@ def cancel_run(run_id: Any, *, actor: Any) -> AgentRun:
     user = actor if getattr(actor, "is_authenticated", False) else None
     with transaction.atomic():
         try:
-            run = visible_runs(actor).select_for_update().get(pk=run_id)
+            run = visibility.visible_runs(actor).select_for_update().get(pk=run_id)
         except (AgentRun.DoesNotExist, ValidationError, ValueError):
             raise RunNotFound(run_id) from None
-        from runs import reconcile
-
         # Nobody is left to act on a dead run's cancellation: settle it as what it is instead.
         reconcile.reconcile_run_if_stale(run)
         if run.status == RunStatus.QUEUED:

@@ -15,6 +15,7 @@ from django.db.models import F
 from django.utils import timezone
 from google.genai import types
 
+from agents.workflows import original_error
 from runs.journal import SUMMARY_MAX_CHARS, summarize
 from runs.models import RunStep, StepStatus
 
@@ -92,7 +93,6 @@ class RunStepRecorder:
         await sync_to_async(step_ended)(run_id=self.run_id, node_path=node_path, status=StepStatus.SUCCESS, output=output)
 
     async def failed(self, *, node_path: str, error: BaseException) -> None:
-        from agents.workflows import original_error
 
         error = original_error(error)
         if self.first_failure is None:

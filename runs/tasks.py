@@ -2,7 +2,9 @@
 
 import uuid
 
-from runs import executor, reconcile, retention, scheduling, webhooks
+from runs import executor, reconcile, retention
+from runs.inbox import processing
+from runs.schedules import services as scheduling
 
 
 def execute_run(run_id: str) -> str:
@@ -21,12 +23,12 @@ def purge_events() -> str:
 
 def process_webhook_event(event_id: str) -> str:
     """Claim one inbox event, run its attempt and settle it (does nothing if it is not due)."""
-    return webhooks.process_event(event_id=uuid.UUID(str(event_id)))
+    return processing.process_event(event_id=uuid.UUID(str(event_id)))
 
 
 def sweep_webhooks() -> str:
     """Every minute: enqueue due webhook retries, expired leases and events whose task was lost."""
-    return f"{len(webhooks.sweep())} webhook event(s) enqueued"
+    return f"{len(processing.sweep())} webhook event(s) enqueued"
 
 
 def fire_schedules() -> str:

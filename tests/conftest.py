@@ -35,6 +35,8 @@ def _release_adk_connections(django_db_setup, django_db_blocker):
 
 @pytest.fixture(autouse=True)
 def _test_settings(settings, tmp_path):
+    # Hashing a persona's password with the production hasher costs ~0.3 s a user.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.SCRIPTED_FAULTS_ENABLED = True
     settings.RUN_INPUTS_DIR = tmp_path / "run-inputs"
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"

@@ -10,7 +10,7 @@ from django.contrib.admin.models import LogEntry
 from django.test import Client
 from django.urls import reverse
 
-from runs import services
+from runs import lifecycle, services
 from runs.models import AgentRun, RunStatus
 from tests.factories import ADMIN_HINT, API_HINT, TABLE, make_run, run_in_state
 from tests.helpers import SEND_EMAIL, UPDATE_CRM, run_now, script_params
@@ -22,7 +22,7 @@ CHANGELIST = "/admin/runs/agentrun/"
 
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch):
-    monkeypatch.setattr(services, "enqueue_run", lambda run_id: None)
+    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
 
 
 def login(user) -> Client:
@@ -383,7 +383,7 @@ def test_the_list_never_counts_past_its_cap(sam, monkeypatch):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from runs import desk
+    from config.lib import admin as desk
 
     monkeypatch.setattr(desk.CappedCountPaginator, "cap", 5)
     for _ in range(7):

@@ -9,10 +9,11 @@ import uuid
 import pytest
 from django.core.management import call_command
 from django.test import Client
+from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from runs import services
+from runs import lifecycle, services
 from runs.models import AgentRun, RunStatus
 from tests.factories import (
     ADMIN_HINT,
@@ -48,7 +49,7 @@ def as_lead(support_lead):
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch):
     """No worker runs here: keep enqueued runs out of the broker table."""
-    monkeypatch.setattr(services, "enqueue_run", lambda run_id: None)
+    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
 
 
 def assert_error(response, status: int, code: str) -> dict:
@@ -181,9 +182,9 @@ def test_a_huge_upload_is_refused_before_it_is_read(as_alice, settings):
     from django.core.files.uploadedfile import SimpleUploadedFile
 
     settings.MAX_UPLOAD_BYTES = 1000
-    from runs.api import views
+    from config.lib.parsers import MULTIPART_OVERHEAD_BYTES
 
-    big = SimpleUploadedFile("big.bin", b"x" * (views.MULTIPART_OVERHEAD_BYTES + 5000))
+    big = SimpleUploadedFile("big.bin", b"x" * (MULTIPART_OVERHEAD_BYTES + 5000))
     response = as_alice.post(
         "/api/runs/", {"agent": "support", "message": "hi", "owner_id": "jane", "file": big}, format="multipart"
     )
@@ -300,6 +301,19 @@ def test_detail_has_tool_calls_replays_and_the_current_decision(as_alice, alice)
     }
     # Not a workflow run: no steps.
     assert body["steps"] == []
+
+
+@pytest.mark.parametrize("status", ["queued", "running"])
+def test_the_decision_of_a_run_in_flight_gives_the_http_status_and_names_the_runs_own(as_alice, alice, status):
+    # The refusal's context names the run's status; it must not take the place of the HTTP status.
+    run = make_run(status=status, created_by=alice, heartbeat_at=timezone.now())
+    decision = as_alice.get(f"/api/runs/{run.run_id}/").json()["replay_decision"]
+    assert decision["status"] == 409
+    assert decision["code"] == "run_in_flight"
+    assert decision["run_status"] == status
+    # The replay request itself still names the run's status in its error body.
+    refused = as_alice.post(f"/api/runs/{run.run_id}/replay/", {}, format="json")
+    assert refused.status_code == 409 and refused.json()["status"] == status
 
 
 def test_detail_lists_replays(as_lead, support_lead):

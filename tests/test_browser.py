@@ -16,7 +16,7 @@ import pytest
 from django.conf import settings
 from django.db import connections
 
-from runs import executor, services
+from runs import executor, lifecycle
 from runs.models import AgentRun, RunStatus
 from tests.helpers import SEND_EMAIL, UPDATE_CRM, run_now, script_params
 
@@ -58,7 +58,7 @@ def chromium_page():
 def test_a_support_lead_force_replays_a_failed_run(live_server, support_lead, monkeypatch, tmp_path):
     enqueued: list = []
     # No worker runs beside the live server: the test executes the replay itself.
-    monkeypatch.setattr(services, "enqueue_run", enqueued.append)
+    monkeypatch.setattr(lifecycle, "enqueue_run", enqueued.append)
     failed = run_now(params=script_params(SEND_EMAIL, UPDATE_CRM, {"fail": "error", "message": "CRM timed out"}))
     assert failed.status == RunStatus.ERROR
     assert failed.tools_executed == ["send_email", "update_crm"]

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 
 from agents.models import AdkEvent, CrmNote
-from runs import executor, services
+from runs import executor, lifecycle, services
 from runs import replay as rules
 from runs.models import AgentRun, RunStatus, ToolCallStatus
 from runs.refusals import RunAlreadySettled, RunNotFound
@@ -98,12 +98,12 @@ def test_a_running_run_is_cancelled_within_a_few_heartbeats_with_its_calls_recor
 
 def test_cancelling_twice_is_harmless_and_a_settled_run_is_refused(alice):
     run = services.start_run(agent_name="support", message="hi", owner_id="jane", created_by=alice, enqueue=False)
-    assert services.claim_run(run_id=run.run_id, worker="w1")
+    assert lifecycle.claim_run(run_id=run.run_id, worker="w1")
     first = services.cancel_run(run.run_id, actor=alice)
     second = services.cancel_run(run.run_id, actor=alice)
     assert first.cancel_requested_at == second.cancel_requested_at
 
-    services.settle_run(run_id=run.run_id, status=RunStatus.CANCELLED)
+    lifecycle.settle_run(run_id=run.run_id, status=RunStatus.CANCELLED)
     with pytest.raises(RunAlreadySettled) as caught:
         services.cancel_run(run.run_id, actor=alice)
     assert caught.value.status == 409

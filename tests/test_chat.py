@@ -18,7 +18,8 @@ from rest_framework.authtoken.models import Token
 
 from agents import registry
 from agents.models import AdkEvent, OutboxEmail
-from runs import chat, executor, services
+from runs import executor, services
+from runs.chat import turns as chat
 from runs.management.commands.serve import web_command
 from runs.models import AgentRun, Conversation, RunStatus, ToolCallStatus, Trigger
 from tests.helpers import BASE_DIR, LOOKUP, SAY_DONE, SEND_EMAIL, child_env, script_params
@@ -453,5 +454,5 @@ def test_a_body_over_the_upload_limit_is_a_413(client, alice_token, settings):
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
     response = _post(client, dict(VALID, message="x" * 2000), alice_token)
     assert response.status_code == 413
-    assert response.json()["code"] == "too_large"
+    assert response.json()["code"] == "request_too_large"
     assert not AgentRun.objects.exists()

@@ -14,7 +14,7 @@ from django.db import DatabaseError, connection
 
 from agents import registry
 from agents.models import AdkEvent, OutboxEmail
-from runs import services
+from runs import journal, lifecycle, services
 from runs.models import AgentRun, RunStatus, ToolCall, ToolCallStatus
 from tests.helpers import (
     LOOKUP,
@@ -156,7 +156,7 @@ def test_tools_executed_falls_back_to_the_session_when_the_journal_cannot_be_rea
     def unreadable(run_id):
         raise DatabaseError("journal table unavailable")
 
-    monkeypatch.setattr(services.journal, "journal_tools", unreadable)
+    monkeypatch.setattr(journal, "journal_tools", unreadable)
     run = run_now(params=script_params(SEND_EMAIL, {"fail": "error", "message": "lost"}))
 
     assert run.tools_executed == ["send_email"]
@@ -166,8 +166,8 @@ def test_tools_executed_is_null_when_neither_journal_nor_session_can_be_read(mon
     def unreadable(*args, **kwargs):
         raise DatabaseError("unavailable")
 
-    monkeypatch.setattr(services.journal, "journal_tools", unreadable)
-    monkeypatch.setattr(services, "session_tools", unreadable)
+    monkeypatch.setattr(journal, "journal_tools", unreadable)
+    monkeypatch.setattr(journal, "session_tools", unreadable)
     run = run_now(params=script_params(SEND_EMAIL, {"fail": "error", "message": "lost"}))
 
     assert run.status == RunStatus.ERROR
@@ -182,8 +182,8 @@ def test_session_fallback_only_counts_calls_after_the_runs_own_user_message():
         session_id=first.session_id,
     )
 
-    assert services.session_tools(first) == ["send_email"]
-    assert services.session_tools(second) == []
+    assert journal.session_tools(first) == ["send_email"]
+    assert journal.session_tools(second) == []
     assert second.tools_executed == []
 
 
@@ -212,10 +212,10 @@ def test_a_second_delivery_of_the_task_does_nothing():
 
 def test_a_late_outcome_never_overwrites_a_settled_run():
     run = services.start_run(agent_name="support", message="hi", owner_id="alice", enqueue=False)
-    assert services.claim_run(run_id=run.run_id, worker="w1")
+    assert lifecycle.claim_run(run_id=run.run_id, worker="w1")
     AgentRun.objects.filter(pk=run.run_id).update(status=RunStatus.ERROR, error_code="reconciled")
 
-    assert services.settle_run(run_id=run.run_id, status=RunStatus.SUCCESS, result="late") is False
+    assert lifecycle.settle_run(run_id=run.run_id, status=RunStatus.SUCCESS, result="late") is False
     run.refresh_from_db()
     assert run.status == RunStatus.ERROR
     assert run.error_code == "reconciled"
@@ -225,7 +225,7 @@ def test_a_late_outcome_never_overwrites_a_settled_run():
 
 def test_start_run_enqueues_the_execution_after_commit(django_capture_on_commit_callbacks, monkeypatch):
     enqueued: list[uuid.UUID] = []
-    monkeypatch.setattr(services, "enqueue_run", enqueued.append)
+    monkeypatch.setattr(lifecycle, "enqueue_run", enqueued.append)
     run = services.start_run(agent_name="support", message="hi", owner_id="alice")
 
     assert enqueued == [run.run_id]

@@ -21,12 +21,13 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from agents import registry
-from agents.models import AdkEvent
 from agents.adk import run_coroutine
+from agents.models import AdkEvent
 from agents.scripted import request_observers
 from memory import services, tasks
 from memory.adk import memory_service
 from memory.models import MemoryEntry, ScopeRequired
+from runs import lifecycle
 from runs.models import AgentRun, RunStatus
 from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, postgres_only, run_now, run_python, script_params
 
@@ -329,7 +330,7 @@ def test_a_failed_run_is_not_remembered():
     run = run_now(owner_id="alice", message="Remember my locker code 4512.", params=script_params({"fail": "error", "message": "boom"}))
     assert run.status == RunStatus.ERROR
     assert not MemoryEntry.objects.exists()
-    assert services.remember_run(run_id=run.run_id) == 0
+    assert lifecycle.remember_run(run_id=run.run_id) == 0
 
 
 def test_a_memory_failure_never_turns_a_successful_run_into_a_failure(monkeypatch, caplog):
@@ -350,7 +351,7 @@ def test_a_memory_failure_never_turns_a_successful_run_into_a_failure(monkeypatc
 def test_feeding_the_same_run_twice_stores_it_once():
     run = run_now(owner_id="alice", message="My dog is called Biscuit.", params=script_params(SAY_DONE))
     assert MemoryEntry.objects.count() == 2
-    assert services.remember_run(run_id=run.run_id) == 0
+    assert lifecycle.remember_run(run_id=run.run_id) == 0
     assert MemoryEntry.objects.count() == 2
 
 
@@ -361,7 +362,7 @@ def test_the_worker_remembers_the_stored_events_so_feeding_again_adds_nothing():
     )
     remembered = set(MemoryEntry.objects.filter(owner_id="alice").values_list("event_id", flat=True))
     assert remembered and remembered <= stored_ids
-    assert services.remember_run(run_id=run.run_id) == 0
+    assert lifecycle.remember_run(run_id=run.run_id) == 0
     assert MemoryEntry.objects.filter(owner_id="alice").count() == len(remembered)
 
 

@@ -16,7 +16,7 @@ from django.db import DatabaseError
 from django.urls import reverse
 from django.utils import timezone
 
-from runs import journal, reconcile, services
+from runs import journal, lifecycle, reconcile, services
 from runs.models import AgentRun, RunStatus, ToolCall, ToolCallStatus
 from runs.tasks import reconcile_runs as reconcile_job
 from tests.helpers import (
@@ -39,7 +39,7 @@ def _running(*, heartbeat_age: timedelta | None = timedelta(seconds=0), started_
              owner_id: str = "alice") -> AgentRun:
     """A run a worker claimed, with its heartbeat (or its silence) set back in time."""
     run = services.start_run(agent_name="support", message="Refund Jane", owner_id=owner_id, enqueue=False)
-    assert services.claim_run(run_id=run.run_id, worker="host:4242")
+    assert lifecycle.claim_run(run_id=run.run_id, worker="host:4242")
     now = timezone.now()
     AgentRun.objects.filter(pk=run.run_id).update(
         started_at=now - started_age,
@@ -132,7 +132,7 @@ def test_tools_stay_unknown_when_neither_journal_nor_session_can_be_read(setting
         raise DatabaseError("relation is unavailable")
 
     monkeypatch.setattr(journal, "journal_tools", unreadable)
-    monkeypatch.setattr(services, "session_tools", unreadable)
+    monkeypatch.setattr(journal, "session_tools", unreadable)
     reconcile.reconcile_stale_runs()
 
     run.refresh_from_db()
@@ -161,7 +161,7 @@ def test_a_real_database_error_while_reading_tools_still_reconciles_with_tools_u
             cursor.execute("SELECT * FROM no_such_table_anywhere")
 
     monkeypatch.setattr(journal, "journal_tools", failing_for_one_run)
-    monkeypatch.setattr(services, "session_tools", failing_session)
+    monkeypatch.setattr(journal, "session_tools", failing_session)
 
     landed = reconcile.reconcile_stale_runs()
 
@@ -184,7 +184,7 @@ def test_a_heartbeat_that_arrives_first_wins(settings):
     settings.RUN_STALE_AFTER_SECONDS = 60
     run = _running(heartbeat_age=timedelta(minutes=5))
     ids = [run.run_id]
-    assert services.beat(run_id=run.run_id)
+    assert lifecycle.beat(run_id=run.run_id)
 
     # The candidate was found stale, but the conditional write re-checks the rule.
     assert reconcile._reconcile_chunk(ids, reconcile.Cutoffs.at()) == []
@@ -209,7 +209,7 @@ def test_a_worker_that_finishes_after_reconciliation_keeps_both_facts(settings):
 
     # The worker was not dead after all: it answers and settles late.
     ToolCall.objects.filter(run=run).update(status=ToolCallStatus.ANSWERED)
-    assert services.settle_run(run_id=run.run_id, status=RunStatus.SUCCESS, result="Emailed Jane.") is False
+    assert lifecycle.settle_run(run_id=run.run_id, status=RunStatus.SUCCESS, result="Emailed Jane.") is False
 
     run.refresh_from_db()
     assert (run.status, run.error_code) == (RunStatus.ERROR, "reconciled")
@@ -243,7 +243,7 @@ def test_reconcile_on_read_settles_a_stale_run_and_refreshes_it(settings):
 def test_reconcile_on_read_leaves_a_run_whose_heartbeat_came_back(settings):
     settings.RUN_STALE_AFTER_SECONDS = 60
     run = _running(heartbeat_age=timedelta(minutes=2))
-    services.beat(run_id=run.run_id)  # the instance in hand is older than the row
+    lifecycle.beat(run_id=run.run_id)  # the instance in hand is older than the row
     assert reconcile.reconcile_run_if_stale(run) is False
     run.refresh_from_db()
     assert run.status == RunStatus.RUNNING
@@ -398,7 +398,7 @@ def test_admin_page_shows_a_late_outcome_beside_the_reconciliation(settings, sup
     run = _running(heartbeat_age=timedelta(minutes=2))
     _journal(run, ("send_email", ToolCallStatus.CALLED))
     reconcile.reconcile_stale_runs()
-    services.settle_run(run_id=run.run_id, status=RunStatus.SUCCESS, result="Emailed Jane about her refund.")
+    lifecycle.settle_run(run_id=run.run_id, status=RunStatus.SUCCESS, result="Emailed Jane about her refund.")
     client.force_login(support_agent)
 
     body = client.get(reverse("admin:runs_agentrun_change", args=[run.run_id])).content.decode()

@@ -12,8 +12,8 @@ from django.contrib.admin.models import LogEntry
 from django.db import connection
 
 from agents.models import AdkEvent, OutboxEmail
+from runs import lifecycle, services
 from runs import replay as rules
-from runs import services
 from runs.models import AgentRun, RunStatus
 from runs.refusals import (
     AlreadyReplayed,
@@ -211,7 +211,7 @@ def test_a_failed_run_with_no_tools_is_replayed_as_a_new_run_in_a_new_session(al
 @pytestmark_db
 def test_the_replay_is_enqueued_on_commit(alice, monkeypatch, django_capture_on_commit_callbacks):
     enqueued = []
-    monkeypatch.setattr(services, "enqueue_run", enqueued.append)
+    monkeypatch.setattr(lifecycle, "enqueue_run", enqueued.append)
     original = make_run(tools=[], created_by=alice)
     replay = services.replay_run(original.run_id, actor=alice)
     assert enqueued == [replay.run_id]

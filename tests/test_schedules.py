@@ -11,10 +11,11 @@ import pytest
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from agents.management.commands.seed_demo import DEMO_WORKFLOW
 from agents.services import save_workflow
-from runs import executor, scheduling
+from runs import executor
+from runs.management.commands.seed_demo import DEMO_WORKFLOW
 from runs.models import AgentRun, FiringOutcome, RunSchedule, RunStatus, ScheduleFiring, StepStatus, Trigger
+from runs.schedules import services as scheduling
 from runs.tasks import fire_schedules
 from tests.helpers import BASE_DIR, SAY_DONE, child_env, postgres_only
 
@@ -34,7 +35,6 @@ def make_schedule(**fields) -> RunSchedule:
     values.update(fields)
     schedule = RunSchedule(**values)
     schedule.full_clean()
-    scheduling.prepare_for_save(schedule, timing_changed=True)
     schedule.save()
     return schedule
 
@@ -152,7 +152,6 @@ def test_cron_schedules_fire_on_their_cron(settings):
 def test_disabling_a_schedule_stops_it():
     schedule = make_schedule()
     schedule.enabled = False
-    scheduling.prepare_for_save(schedule, timing_changed=True)
     schedule.save()
     assert schedule.next_fire_at is None
     assert fire_schedules() == "started 0, skipped 0, failed 0"
@@ -232,3 +231,25 @@ def test_a_schedule_without_params_is_saved_with_empty_params(admin_client):
     response = admin_client.post("/admin/runs/runschedule/add/", _form(params=""))
     assert response.status_code == 302, response.content.decode()[:3000]
     assert RunSchedule.objects.get().params == {}
+
+
+def test_a_schedule_made_outside_the_admin_gets_its_first_slot_and_a_new_one_when_retimed():
+    # The first slot is the model's rule, so the shell, a fixture or an API set it like the admin.
+    before = timezone.now()
+    schedule = RunSchedule.objects.create(
+        name="from-the-shell", agent_name="support", message="Daily digest.", owner_id="jane",
+        params={"script": [SAY_DONE]}, kind="interval", interval_minutes=30,
+    )
+    assert schedule.next_fire_at is not None
+    assert before + timedelta(minutes=30) <= schedule.next_fire_at <= timezone.now() + timedelta(minutes=30)
+
+    first = schedule.next_fire_at
+    reloaded = RunSchedule.objects.get(pk=schedule.pk)
+    reloaded.message = "Another digest."  # not timing: the slot stays
+    reloaded.save()
+    assert reloaded.next_fire_at == first
+
+    reloaded.interval_minutes = 5  # timing: the next slot follows the new interval
+    reloaded.save()
+    assert reloaded.next_fire_at <= timezone.now() + timedelta(minutes=5)
+    assert RunSchedule.objects.get(pk=schedule.pk).next_fire_at == reloaded.next_fire_at

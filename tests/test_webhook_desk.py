@@ -8,7 +8,7 @@ from django.test import Client
 from django.urls import reverse
 
 from agents.models import OutboxEmail
-from runs import webhooks
+from runs.inbox import desk, processing, receipt
 from runs.models import AgentRun, EventStatus, RunStatus, WebhookEvent, WebhookSource
 from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL
 from tests.test_webhooks import FAIL, SECRET, attachment, deliver, make_source
@@ -22,7 +22,7 @@ CHANGELIST = "/admin/runs/webhookevent/"
 def _inbox(settings, tmp_path, monkeypatch):
     settings.WEBHOOK_ATTACHMENTS_DIR = tmp_path / "webhook-attachments"
     settings.WEBHOOK_MAX_ATTEMPTS = 1
-    monkeypatch.setattr(webhooks, "enqueue_event", lambda event_id: None)
+    monkeypatch.setattr(receipt, "enqueue_event", lambda event_id: None)
 
 
 def login(user) -> Client:
@@ -44,7 +44,7 @@ def processed_event(script, message_id="m-1", **payload) -> WebhookEvent:
     WebhookSource.objects.filter(slug="inbound-email").exists() or make_source(script=script)
     WebhookSource.objects.filter(slug="inbound-email").update(params={"script": list(script)})
     event_id = deliver(payload or {"text": "Refund?"}, message_id=message_id).json()["event_id"]
-    webhooks.process_event(event_id=event_id)
+    processing.process_event(event_id=event_id)
     return WebhookEvent.objects.get(pk=event_id)
 
 
@@ -107,7 +107,7 @@ def test_retry_now_follows_the_same_rules(support_agent):
     # The worker that takes the task executes that run (and only that one).
     WebhookSource.objects.update(params={"script": [SAY_DONE]})
     AgentRun.objects.filter(pk=retry.pk).update(config={**retry.config, "params": {"script": [SAY_DONE]}})
-    assert webhooks.process_event(event_id=dead.pk) == EventStatus.DONE
+    assert processing.process_event(event_id=dead.pk) == EventStatus.DONE
     assert dead.runs.count() == 2
     assert LogEntry.objects.filter(object_id=str(dead.pk), change_message__startswith="Retried now").exists()
 
@@ -167,7 +167,7 @@ def test_force_reprocess_confirms_with_what_was_called_then_records_the_reason(s
 
     # The worker runs the forced attempt: the email goes out a second time, as the person decided.
     AgentRun.objects.filter(pk=forced.pk).update(config={**forced.config, "params": {"script": [SEND_EMAIL, SAY_DONE]}})
-    assert webhooks.process_event(event_id=event.pk) == EventStatus.DONE
+    assert processing.process_event(event_id=event.pk) == EventStatus.DONE
     assert OutboxEmail.objects.count() == 2
 
 
@@ -175,7 +175,7 @@ def test_force_reprocess_cannot_override_a_run_in_flight(support_lead):
     event = processed_event([LOOKUP, SAY_DONE])
     AgentRun.objects.filter(webhook_event=event).update(status=RunStatus.QUEUED)
     with pytest.raises(Exception) as refused:
-        webhooks.force_reprocess_event(event.pk, actor=support_lead, reason="try")
+        desk.force_reprocess_event(event.pk, actor=support_lead, reason="try")
     assert getattr(refused.value, "code", "") == "run_in_flight"
     assert AgentRun.objects.count() == 1
 
@@ -188,8 +188,8 @@ def test_mark_resolved_closes_the_event_for_good(support_agent):
     assert any(level == "warning" and "is done: there is nothing to resolve" in text for level, text in messages)
     review.refresh_from_db()
     assert (review.status, review.resolved_by) == (EventStatus.RESOLVED, support_agent)
-    assert webhooks.process_due() == 0
-    assert webhooks.sweep() == []
+    assert processing.process_due() == 0
+    assert processing.sweep() == []
     # Closed: “Retry now” refuses, only forcing reopens it.
     refused = texts(act(login(support_agent), "retry_now", [review]))
     assert "already resolved" in refused[0][1]

@@ -20,7 +20,8 @@ from django.test import Client
 from django.utils import timezone
 
 from agents.models import AdkEvent, OutboxEmail
-from runs import services, webhooks
+from runs import lifecycle, services
+from runs.inbox import processing, receipt, signing
 from runs.models import AgentRun, EventStatus, RunStatus, Trigger, WebhookEvent, WebhookSource
 from tests.helpers import BASE_DIR, LOOKUP, SAY_DONE, SEND_EMAIL, child_env, postgres_only
 
@@ -43,7 +44,7 @@ def _inbox_settings(settings, tmp_path):
 def enqueued(monkeypatch):
     """Tasks the inbox hands to django-q2, recorded instead of sent (tests run them directly)."""
     calls: list[str] = []
-    monkeypatch.setattr(webhooks, "enqueue_event", lambda event_id: calls.append(str(event_id)))
+    monkeypatch.setattr(receipt, "enqueue_event", lambda event_id: calls.append(str(event_id)))
     return calls
 
 
@@ -78,7 +79,7 @@ def deliver(payload=None, *, message_id="msg-1", secret=SECRET, body: bytes | No
         body = json.dumps(payload if payload is not None else {"from": "jane@example.com", "text": "Refund?"}).encode()
     sent = {"X-Message-Id": message_id, **headers}
     if signature is None:
-        signature = webhooks.sign(secret, body)
+        signature = signing.sign(secret, body)
     if signature:
         sent["X-Signature"] = signature
     return (client or Client()).post(url, data=body, content_type="application/json", headers=sent)
@@ -172,9 +173,9 @@ def test_bad_deliveries_are_refused_with_a_message_and_nothing_is_stored(
     elif case == "missing signature":
         response = deliver(body=ok, signature="")
     elif case == "signature without prefix":
-        response = deliver(body=ok, signature=webhooks.sign(SECRET, ok).removeprefix("sha256="))
+        response = deliver(body=ok, signature=signing.sign(SECRET, ok).removeprefix("sha256="))
     elif case == "signature of other bytes":
-        response = deliver(body=ok, signature=webhooks.sign(SECRET, json.dumps({"text": "hi"}, indent=1).encode()))
+        response = deliver(body=ok, signature=signing.sign(SECRET, json.dumps({"text": "hi"}, indent=1).encode()))
     elif case == "unknown source":
         response = deliver(body=ok, url="/api/webhooks/nobody/")
     elif case == "disabled source":
@@ -224,7 +225,7 @@ def test_a_declared_length_over_the_limit_is_refused_before_reading(source, enqu
     body = json.dumps({"text": "x" * 100}).encode()
     response = Client().generic(
         "POST", URL, data=body, content_type="application/json",
-        headers={"X-Signature": webhooks.sign(SECRET, body), "X-Message-Id": "m"},
+        headers={"X-Signature": signing.sign(SECRET, body), "X-Message-Id": "m"},
         CONTENT_LENGTH=str(settings.WEBHOOK_MAX_BYTES + 1),
     )
     assert response.status_code == 413
@@ -238,10 +239,10 @@ def test_a_failure_while_storing_leaves_nothing_behind(source, enqueued, setting
 
     monkeypatch.setattr(WebhookEvent.objects, "create", explode)
     with pytest.raises(RuntimeError):
-        webhooks.receive_event(
+        receipt.receive_event(
             source=source,
             body=(body := json.dumps({"attachments": [attachment()]}).encode()),
-            headers={"X-Signature": webhooks.sign(SECRET, body), "X-Message-Id": "m-1"},
+            headers={"X-Signature": signing.sign(SECRET, body), "X-Message-Id": "m-1"},
         )
     _nothing_stored(settings)
 
@@ -280,7 +281,7 @@ def test_twenty_concurrent_deliveries_store_one_event_and_start_one_run(source, 
     # Every task delivered (and delivered again) starts one run between them.
     event_id = answers[0][1]["event_id"]
     for _ in range(3):
-        webhooks.process_event(event_id=event_id)
+        processing.process_event(event_id=event_id)
     event = WebhookEvent.objects.get(pk=event_id)
     assert event.status == EventStatus.DONE
     assert event.runs.count() == 1
@@ -292,7 +293,7 @@ def test_twenty_concurrent_deliveries_store_one_event_and_start_one_run(source, 
 def test_an_event_is_processed_by_a_webhook_run_with_its_attachment_as_input(source, enqueued, settings):
     event_id = deliver({"from": "jane@example.com", "attachments": [attachment()]}).json()["event_id"]
 
-    assert webhooks.process_event(event_id=event_id) == EventStatus.DONE
+    assert processing.process_event(event_id=event_id) == EventStatus.DONE
 
     event = WebhookEvent.objects.get(pk=event_id)
     run = event.runs.get()
@@ -305,23 +306,23 @@ def test_an_event_is_processed_by_a_webhook_run_with_its_attachment_as_input(sou
     assert run.input_file != event.attachments[0]["path"]
     assert Path(run.input_file).read_bytes() == b"Invoice 42: 19.99 EUR"
     # Processed again (django-q2 delivers at least once): nothing happens.
-    assert webhooks.process_event(event_id=event_id) == "not claimed"
+    assert processing.process_event(event_id=event_id) == "not claimed"
     assert AgentRun.objects.count() == 1
 
 
 def test_a_duplicate_delivery_after_processing_starts_no_second_run(source, enqueued):
     first = deliver({"text": "one"})
-    webhooks.process_event(event_id=first.json()["event_id"])
+    processing.process_event(event_id=first.json()["event_id"])
     again = deliver({"text": "one"})
     assert again.status_code == 200
     assert again.json() == {"event_id": first.json()["event_id"], "status": "done", "duplicate": True}
-    assert webhooks.process_due() == 0
+    assert processing.process_due() == 0
     assert AgentRun.objects.count() == 1
 
 
 def test_retry_delays_back_off_and_are_capped(settings):
     settings.WEBHOOK_RETRY_DELAYS = [5, 30, 120, 600]
-    assert [webhooks.retry_delay(n) for n in range(1, 8)] == [5, 30, 120, 600, 600, 600, 600]
+    assert [processing.retry_delay(n) for n in range(1, 8)] == [5, 30, 120, 600, 600, 600, 600]
 
 
 def test_a_failure_without_tool_calls_is_retried_with_backoff_until_dead(enqueued, settings):
@@ -331,7 +332,7 @@ def test_a_failure_without_tool_calls_is_retried_with_backoff_until_dead(enqueue
 
     waits = []
     for attempt in range(1, 6):
-        status = webhooks.process_event(event_id=event_id)
+        status = processing.process_event(event_id=event_id)
         event = WebhookEvent.objects.get(pk=event_id)
         assert event.attempts == attempt
         if attempt < 5:
@@ -339,11 +340,11 @@ def test_a_failure_without_tool_calls_is_retried_with_backoff_until_dead(enqueue
             waits.append(round((event.next_attempt_at - event.runs.latest("created_at").finished_at).total_seconds()))
             assert "called no tool, so it is retried" in event.last_error
             # Not before it is due.
-            assert webhooks.process_event(event_id=event_id) == "not claimed"
-            assert webhooks.sweep() == []
+            assert processing.process_event(event_id=event_id) == "not claimed"
+            assert processing.sweep() == []
             # Time passes: the retry is due, and the sweeper hands it to a worker.
             WebhookEvent.objects.filter(pk=event_id).update(next_attempt_at=timezone.now() - timedelta(seconds=1))
-            assert webhooks.sweep() == [event.event_id]
+            assert processing.sweep() == [event.event_id]
     assert waits == [5, 30, 120, 600]
 
     event = WebhookEvent.objects.get(pk=event_id)
@@ -356,15 +357,15 @@ def test_a_failure_without_tool_calls_is_retried_with_backoff_until_dead(enqueue
     # Each retry is a new run that replays the one before it, never two at once.
     assert [run.replay_of_id for run in runs] == [None] + [run.run_id for run in runs[:-1]]
     assert all(later.created_at >= earlier.finished_at for earlier, later in zip(runs, runs[1:]))
-    assert webhooks.process_event(event_id=event_id) == "not claimed"
-    assert webhooks.sweep() == []
+    assert processing.process_event(event_id=event_id) == "not claimed"
+    assert processing.sweep() == []
 
 
 def test_a_failure_after_a_tool_call_is_not_retried_but_waits_for_review(enqueued):
     make_source(script=[SEND_EMAIL, FAIL])
     event_id = deliver().json()["event_id"]
 
-    assert webhooks.process_event(event_id=event_id) == EventStatus.NEEDS_REVIEW
+    assert processing.process_event(event_id=event_id) == EventStatus.NEEDS_REVIEW
 
     event = WebhookEvent.objects.get(pk=event_id)
     assert event.attempts == 1
@@ -372,36 +373,36 @@ def test_a_failure_after_a_tool_call_is_not_retried_but_waits_for_review(enqueue
     assert "Force reprocess…" in event.last_error and "Mark resolved" in event.last_error
     assert OutboxEmail.objects.count() == 1
     # Nobody picks it up by themselves.
-    assert webhooks.process_event(event_id=event_id) == "not claimed"
-    assert webhooks.process_due() == 0
+    assert processing.process_event(event_id=event_id) == "not claimed"
+    assert processing.process_due() == 0
     WebhookEvent.objects.filter(pk=event_id).update(received_at=timezone.now() - timedelta(days=1))
-    assert webhooks.sweep() == []
+    assert processing.sweep() == []
     assert OutboxEmail.objects.count() == 1
 
 
 def test_a_failure_whose_tools_are_unknown_waits_for_review(source, enqueued):
     event_id = deliver().json()["event_id"]
-    webhooks.process_event(event_id=event_id)
+    processing.process_event(event_id=event_id)
     event = WebhookEvent.objects.get(pk=event_id)
     # As if the attempt had failed with no evidence either way (e.g. its journal was unreadable).
     event.runs.update(status=RunStatus.ERROR, tools_executed=None, error_code="agent_error")
     WebhookEvent.objects.filter(pk=event_id).update(status=EventStatus.PROCESSING,
                                                     lease_expires_at=timezone.now() - timedelta(seconds=1))
 
-    assert webhooks.process_event(event_id=event_id) == EventStatus.NEEDS_REVIEW
+    assert processing.process_event(event_id=event_id) == EventStatus.NEEDS_REVIEW
     assert "unknown whether it called any tool" in WebhookEvent.objects.get(pk=event_id).last_error
 
 
 def test_a_run_in_flight_is_never_joined_by_a_second_one(source, enqueued):
     event_id = deliver().json()["event_id"]
-    claim = webhooks.claim_event(event_id=event_id, worker="w1")
+    claim = processing.claim_event(event_id=event_id, worker="w1")
     assert claim.run_id is not None
     run = AgentRun.objects.get(pk=claim.run_id)
     # The worker claimed the run, then its lease ran out while the run is still alive.
-    services.claim_run(run_id=run.run_id, worker="w1")
+    lifecycle.claim_run(run_id=run.run_id, worker="w1")
     WebhookEvent.objects.filter(pk=event_id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
 
-    second = webhooks.claim_event(event_id=event_id, worker="w2")
+    second = processing.claim_event(event_id=event_id, worker="w2")
     assert second is not None and second.run_id is None
     assert AgentRun.objects.count() == 1
     # The database refuses a second run in flight for the event whatever path tries it.
@@ -428,16 +429,16 @@ def test_the_sweeper_enqueues_what_is_due_once_per_period(source, enqueued, sett
     for name, status in [("review", "needs_review"), ("dead", "dead"), ("done", "done"), ("resolved", "resolved")]:
         event(name, status=status)
 
-    assert set(webhooks.sweep()) == {lost.pk, due.pk, expired.pk}
+    assert set(processing.sweep()) == {lost.pk, due.pk, expired.pk}
     assert set(enqueued) == {str(lost.pk), str(due.pk), str(expired.pk)}
-    assert webhooks.sweep() == []  # enqueued once per period, not once a minute
+    assert processing.sweep() == []  # enqueued once per period, not once a minute
     assert {fresh.pk, later.pk, leased.pk}.isdisjoint(set(enqueued))
 
 
 def test_the_sweeper_is_a_periodic_job():
     from django_q.models import Schedule
 
-    from runs.schedules import setup_schedules
+    from runs.periodic_jobs import setup_schedules
     from runs.tasks import sweep_webhooks
 
     assert setup_schedules()["runs.webhook_sweeper"] == "created"
@@ -455,7 +456,7 @@ def test_attachments_are_copied_at_receipt_and_a_replay_of_the_events_run_uses_t
     event = WebhookEvent.objects.get(pk=event_id)
     assert Path(event.attachments[0]["path"]).read_bytes() == b"Please refund order 42."
 
-    assert webhooks.process_event(event_id=event_id) == EventStatus.DEAD
+    assert processing.process_event(event_id=event_id) == EventStatus.DEAD
     original = WebhookEvent.objects.get(pk=event_id).runs.get()
     assert original.tools_executed == [] and original.input_file_sha256
 
@@ -475,7 +476,7 @@ def test_attachments_are_copied_at_receipt_and_a_replay_of_the_events_run_uses_t
 def test_an_event_whose_source_cannot_start_a_run_waits_for_review(source, enqueued):
     event_id = deliver().json()["event_id"]
     WebhookSource.objects.filter(pk=source.pk).update(agent_name="retired-agent")
-    assert webhooks.process_event(event_id=event_id) == EventStatus.NEEDS_REVIEW
+    assert processing.process_event(event_id=event_id) == EventStatus.NEEDS_REVIEW
     event = WebhookEvent.objects.get(pk=event_id)
     assert "No run could be started" in event.last_error and "retired-agent" in event.last_error
     assert AgentRun.objects.count() == 0
@@ -581,21 +582,21 @@ def test_four_workers_racing_over_the_same_events_start_one_run_each(enqueued, s
 def test_a_failure_while_starting_an_attempt_leaves_no_run_and_no_copy(enqueued, settings, monkeypatch):
     make_source()
     event_id = deliver({"attachments": [attachment()]}).json()["event_id"]
-    real_set = webhooks._set
+    real_set = processing._set
 
     def failing_set(event, **fields):
         if "attempts" in fields:
             raise RuntimeError("the database went away")
         real_set(event, **fields)
 
-    monkeypatch.setattr(webhooks, "_set", failing_set)
+    monkeypatch.setattr(processing, "_set", failing_set)
     with pytest.raises(RuntimeError):
-        webhooks.process_event(event_id=event_id)
+        processing.process_event(event_id=event_id)
 
     assert AgentRun.objects.count() == 0
     inputs = Path(settings.RUN_INPUTS_DIR)
     assert not inputs.exists() or list(inputs.iterdir()) == []
     event = WebhookEvent.objects.get(pk=event_id)
     assert (event.status, event.attempts, event.leased_by) == ("received", 0, "")
-    monkeypatch.setattr(webhooks, "_set", real_set)
-    assert webhooks.process_event(event_id=event_id) == EventStatus.DONE
+    monkeypatch.setattr(processing, "_set", real_set)
+    assert processing.process_event(event_id=event_id) == EventStatus.DONE

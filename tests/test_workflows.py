@@ -11,12 +11,12 @@ import pytest
 from django.db import connection
 
 from agents import scripted, workflows
-from agents.management.commands.seed_demo import DEMO_WORKFLOW
 from agents.models import AdkEvent, CrmNote, OutboxEmail, WorkflowDefinition
 from agents.registry import BILLING, SUPPORT, TRIAGE
 from agents.services import check_workflow, save_workflow
 from runs import executor, services
 from runs import replay as rules
+from runs.management.commands.seed_demo import DEMO_WORKFLOW
 from runs.models import AgentRun, RunStatus, RunStep, StepStatus, ToolCallStatus, Trigger
 from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, UPDATE_CRM, run_now
 
@@ -348,7 +348,7 @@ def test_cancelling_during_a_retry_wait_stops_the_wait(settings, alice, observed
 def test_a_chat_client_that_goes_away_cancels_a_workflow_turn(alice, demo):
     from asgiref.sync import async_to_sync
 
-    from runs import chat
+    from runs.chat import turns as chat
 
     turn_run = chat.begin_turn(
         user=alice, agent_name="refund_review", owner_id="jane", message="hi",

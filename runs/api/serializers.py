@@ -8,49 +8,11 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from agents.models import WorkflowDefinition
+from config.lib.serializers import StrictBooleanField, StrictCharField, StrictSerializer
+from runs import replay as rules
 from runs.models import AgentRun, RunStep, ToolCall
 from runs.services import MAX_FORCE_REASON_CHARS
-
-# Form fields that are part of a browser's form post rather than the request's data.
-IGNORED_FORM_FIELDS = {"csrfmiddlewaretoken"}
-
-
-class StrictSerializer(serializers.Serializer):
-    """Refuses fields it does not know, instead of silently dropping them."""
-
-    def to_internal_value(self, data):
-        if hasattr(data, "keys"):
-            unknown = sorted(set(data.keys()) - set(self.fields) - IGNORED_FORM_FIELDS)
-            if unknown:
-                known = ", ".join(name for name, field in self.fields.items() if not field.read_only)
-                raise serializers.ValidationError(
-                    {name: [f"Unknown field. The fields are: {known}."] for name in unknown}
-                )
-        return super().to_internal_value(data)
-
-
-class StrictCharField(serializers.CharField):
-    """A string, not a number or a list turned into one."""
-
-    default_error_messages = {"invalid": "Must be a string."}
-
-    def to_internal_value(self, data):
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-class StrictBooleanField(serializers.BooleanField):
-    """true or false (the strings "true"/"false" in a form); never "yes", 1 or "maybe"."""
-
-    default_error_messages = {"invalid": "Must be true or false."}
-
-    def to_internal_value(self, data):
-        if isinstance(data, bool):
-            return data
-        if isinstance(data, str) and data.lower() in {"true", "false"}:
-            return data.lower() == "true"
-        self.fail("invalid")
 
 
 @extend_schema_field(OpenApiTypes.OBJECT)
@@ -106,7 +68,6 @@ class RunCreateSerializer(StrictSerializer):
             )
             raise serializers.ValidationError({"agent": [message]})
         if given == ["workflow"]:
-            from agents.models import WorkflowDefinition
 
             if not WorkflowDefinition.objects.filter(name=attrs["workflow"]).exists():
                 raise serializers.ValidationError(
@@ -122,10 +83,6 @@ class ReplayRequestSerializer(StrictSerializer):
         required=False, default="", allow_blank=True, max_length=MAX_FORCE_REASON_CHARS,
         help_text="Why forcing is acceptable; required with force.",
     )
-
-
-class EmptySerializer(StrictSerializer):
-    """No fields: the request body is empty or {}."""
 
 
 # --- Output ----------------------------------------------------------------------------------------
@@ -177,6 +134,7 @@ class ReplayDecisionSerializer(serializers.Serializer):
     detail = serializers.CharField()
     tools = serializers.ListField(child=serializers.CharField(), required=False)
     replay_run_id = serializers.UUIDField(required=False)
+    run_status = serializers.CharField(required=False, help_text="The run's own status, where it is why.")
     force_would_replay = serializers.BooleanField()
 
 
@@ -202,7 +160,6 @@ class RunDetailSerializer(RunSerializer):
 
     @extend_schema_field(ReplayDecisionSerializer)
     def get_replay_decision(self, run: AgentRun) -> dict:
-        from runs import replay as rules
 
         return rules.describe_now(run)
 
@@ -243,20 +200,3 @@ class RunEventsSerializer(serializers.Serializer):
     run_id = serializers.UUIDField()
     session_id = serializers.CharField()
     events = EventSerializer(many=True)
-
-
-class ErrorSerializer(serializers.Serializer):
-    code = serializers.CharField(help_text="Stable machine-readable code, e.g. tools_called.")
-    detail = serializers.CharField(help_text="A sentence a person can act on.")
-    errors = serializers.DictField(
-        child=serializers.ListField(child=serializers.CharField()), required=False,
-        help_text="Field errors (code invalid).",
-    )
-    tools = serializers.ListField(child=serializers.CharField(), required=False,
-                                  help_text="The tools the run already called, once each, in first-call order.")
-    replay_run_id = serializers.UUIDField(required=False, help_text="The replay that blocks this one.")
-    status = serializers.CharField(required=False, help_text="The run's status, where it matters.")
-    replay_status = serializers.CharField(required=False, help_text="The blocking replay's status.")
-    input_file_name = serializers.CharField(required=False, help_text="The input file that is gone.")
-    run_id = serializers.CharField(required=False, help_text="The run that was not found.")
-    limit = serializers.IntegerField(required=False, help_text="The limit that was exceeded.")

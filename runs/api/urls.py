@@ -3,7 +3,9 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
 from agents.api import WorkflowViewSet
-from runs.api.views import RunViewSet
+from runs.api.chat import chat_turn
+from runs.api.memory import MemorySearchView
+from runs.api.runs import RunViewSet
 from runs.api.webhooks import WebhookReceiveView
 
 router = SimpleRouter()
@@ -14,6 +16,8 @@ app_name = "api"
 
 urlpatterns = [
     path("", include(router.urls)),
+    path("memory/", MemorySearchView.as_view(), name="memory-search"),
+    path("chat/", chat_turn, name="chat"),
     path("webhooks/<str:source>/", WebhookReceiveView.as_view(), name="webhook-receive"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),

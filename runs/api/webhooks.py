@@ -16,8 +16,8 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from runs import webhooks
-from runs.api.serializers import ErrorSerializer
+from config.lib.api_errors import ErrorSerializer
+from runs.inbox import receipt, refusals
 from runs.models import EventStatus
 
 
@@ -67,18 +67,15 @@ class WebhookReceiveView(APIView):
     )
     def post(self, request, source: str):
         django_request = request._request
-        try:
-            found = webhooks.get_source(source)
-            limit = settings.WEBHOOK_MAX_BYTES
-            declared = _declared_length(django_request.META)
-            if declared is not None and declared > limit:
-                raise webhooks.BodyTooLarge()
-            body = django_request.read(limit + 1)
-            receipt = webhooks.receive_event(source=found, body=body, headers=django_request.headers)
-        except webhooks.WebhookRefused as refusal:
-            return Response(refusal.as_dict(), status=refusal.status)
-        event = receipt.event
+        found = receipt.get_source(source)
+        limit = settings.WEBHOOK_MAX_BYTES
+        declared = _declared_length(django_request.META)
+        if declared is not None and declared > limit:
+            raise refusals.BodyTooLarge()
+        body = django_request.read(limit + 1)
+        delivered = receipt.receive_event(source=found, body=body, headers=django_request.headers)
+        event = delivered.event
         return Response(
-            {"event_id": str(event.event_id), "status": event.status, "duplicate": not receipt.created},
-            status=status.HTTP_202_ACCEPTED if receipt.created else status.HTTP_200_OK,
+            {"event_id": str(event.event_id), "status": event.status, "duplicate": not delivered.created},
+            status=status.HTTP_202_ACCEPTED if delivered.created else status.HTTP_200_OK,
         )

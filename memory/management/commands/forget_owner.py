@@ -2,6 +2,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from agents.registry import UnknownAgentError, get_agent_spec
 from memory import services
+from memory.refusals import MemoryRefusal
 
 
 class Command(BaseCommand):
@@ -19,7 +20,7 @@ class Command(BaseCommand):
                 raise CommandError(str(exc)) from None
         try:
             deleted = services.forget_owner(owner_id=owner_id, agent=agent)
-        except services.MemoryRefusal as refusal:
+        except MemoryRefusal as refusal:
             raise CommandError(refusal.detail) from None
         scope = f" of agent {agent!r}" if agent else ""
         self.stdout.write(f"Forgot {deleted} memor{'y' if deleted == 1 else 'ies'}{scope} for owner {owner_id!r}.")

@@ -2,7 +2,8 @@ import time
 
 from django.core.management.base import BaseCommand
 
-from runs import services, webhooks
+from runs import lifecycle
+from runs.inbox import processing
 
 
 class Command(BaseCommand):
@@ -20,11 +21,11 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        worker = services.worker_name()
+        worker = lifecycle.worker_name()
         total = 0
         idle_since = time.monotonic()
         while True:
-            processed = webhooks.process_due(worker=worker)
+            processed = processing.process_due(worker=worker)
             total += processed
             if processed:
                 idle_since = time.monotonic()

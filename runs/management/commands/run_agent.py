@@ -38,12 +38,12 @@ class Command(BaseCommand):
             try:
                 params["script"] = json.loads(options["script"])
             except json.JSONDecodeError as exc:
-                raise CommandError(f"--script is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}.")
+                raise CommandError(f"--script is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}.") from None
         if options["scripts"] is not None:
             try:
                 params["scripts"] = json.loads(options["scripts"])
             except json.JSONDecodeError as exc:
-                raise CommandError(f"--scripts is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}.")
+                raise CommandError(f"--scripts is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}.") from None
         handle = None
         if options["file"]:
             path = Path(options["file"])
@@ -62,7 +62,7 @@ class Command(BaseCommand):
             )
         except ValidationError as exc:
             problems = "; ".join(f"{field}: {' '.join(msgs)}" for field, msgs in exc.message_dict.items())
-            raise CommandError(f"The run was not started. {problems}")
+            raise CommandError(f"The run was not started. {problems}") from None
         finally:
             if handle is not None:
                 handle.close()

@@ -1,6 +1,6 @@
 """Scheduled runs: an agent or a workflow started with a fixed input, every N minutes or on a cron.
 
-One periodic django-q2 job (`runs.fire_schedules`, every minute; see runs/schedules.py) fires the
+One periodic django-q2 job (`runs.fire_schedules`, every minute; see runs/periodic_jobs.py) fires the
 schedules that are due. `RunSchedule` is the only record of what is scheduled, so there is
 nothing to keep in sync with django-q2's own Schedule rows, and the rules live here:
 
@@ -21,37 +21,22 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import datetime
 
-from croniter import croniter
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
 from runs import reconcile, services
 from runs.models import IN_FLIGHT, AgentRun, FiringOutcome, RunSchedule, ScheduleFiring, ScheduleKind, Trigger
+from runs.schedules.timing import MAX_INTERVAL_MINUTES, check_cron, next_slot
 
 logger = logging.getLogger(__name__)
 
-MAX_INTERVAL_MINUTES = 366 * 24 * 60
 MAX_DUE_PER_TICK = 500
 
 
 # --- Validation and timing -------------------------------------------------------------------------
-
-
-def _check_cron(expression: Any) -> str:
-    if not isinstance(expression, str) or not expression.strip():
-        raise ValidationError({"cron": "Give a cron expression, e.g. “0 7 * * 1-5” (07:00 on weekdays)."})
-    expression = " ".join(expression.split())
-    if len(expression.split(" ")) != 5:
-        raise ValidationError(
-            {"cron": f"“{expression}” is not a five-field cron expression (minute hour day month weekday)."}
-        )
-    if not croniter.is_valid(expression):
-        raise ValidationError({"cron": f"“{expression}” is not a valid cron expression."})
-    return expression
 
 
 def check_schedule(schedule: RunSchedule) -> None:
@@ -69,7 +54,7 @@ def check_schedule(schedule: RunSchedule) -> None:
             errors["cron"] = ["An interval schedule has no cron expression; choose the cron kind to use one."]
     elif schedule.kind == ScheduleKind.CRON:
         try:
-            schedule.cron = _check_cron(schedule.cron)
+            schedule.cron = check_cron(schedule.cron)
         except ValidationError as exc:
             errors.update(exc.message_dict)
         if schedule.interval_minutes:
@@ -88,31 +73,6 @@ def check_schedule(schedule: RunSchedule) -> None:
             errors.setdefault("agent_name" if key == "agent" else key, []).extend(messages)
     if errors:
         raise ValidationError(errors)
-
-
-def next_slot(schedule: RunSchedule, *, after: datetime) -> datetime:
-    """The first slot strictly after `after`."""
-    if schedule.kind == ScheduleKind.CRON:
-        start = timezone.localtime(after)
-        return croniter(schedule.cron, start).get_next(datetime)
-    step = timedelta(minutes=schedule.interval_minutes)
-    previous = schedule.next_fire_at
-    if previous is None:
-        return after + step
-    # Keep the schedule on its own grid (no drift), skipping slots that were missed.
-    missed = max(0, int((after - previous) // step) + 1)
-    return previous + step * missed
-
-
-def prepare_for_save(schedule: RunSchedule, *, timing_changed: bool, now: datetime | None = None) -> None:
-    """Set the first slot of a new or re-timed (or re-enabled) schedule; clear it when disabled."""
-    now = now or timezone.now()
-    if not schedule.enabled:
-        schedule.next_fire_at = None
-        return
-    if timing_changed or schedule.next_fire_at is None:
-        schedule.next_fire_at = None
-        schedule.next_fire_at = next_slot(schedule, after=now)
 
 
 # --- Firing ------------------------------------------------------------------------------------------

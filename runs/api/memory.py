@@ -1,4 +1,4 @@
-"""`GET /api/memory/`: one scope's memories, ranked by relevance to `q`.
+"""`GET /api/memory/`: one scope's memories, ranked by relevance to `q`; visible under the runs' rule.
 
 Errors answer `{"code": ..., "detail": ...}` like the rest of the API.
 """
@@ -10,8 +10,10 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from config.lib.api_errors import ErrorSerializer
 from memory import services
 from memory.models import MemoryEntry
+from runs import visibility
 
 
 class MemorySerializer(serializers.ModelSerializer):
@@ -22,9 +24,6 @@ class MemorySerializer(serializers.ModelSerializer):
         fields = ["id", "author", "text", "session_id", "run_id", "timestamp", "added_at"]
 
 
-ErrorSerializer = inline_serializer(
-    name="MemoryError", fields={"code": serializers.CharField(), "detail": serializers.CharField()}
-)
 
 
 class MemorySearchView(APIView):
@@ -55,13 +54,10 @@ class MemorySearchView(APIView):
     )
     def get(self, request):
         params = request.query_params
-        try:
-            agent, owner_id = services.clean_scope(agent=params.get("agent"), owner_id=params.get("owner_id"))
-            query = services.clean_query(params.get("q"))
-            limit = services.clean_limit(params.get("limit"))
-            services.check_visible(user=request.user, agent=agent, owner_id=owner_id)
-        except services.MemoryRefusal as refusal:
-            return Response({"code": refusal.code, "detail": refusal.detail}, status=refusal.status)
+        agent, owner_id = services.clean_scope(agent=params.get("agent"), owner_id=params.get("owner_id"))
+        query = services.clean_query(params.get("q"))
+        limit = services.clean_limit(params.get("limit"))
+        visibility.check_scope_visible(user=request.user, agent=agent, owner_id=owner_id)
         entries = services.search_memories(agent=agent, owner_id=owner_id, query=query, limit=limit)
         return Response(
             {"agent": agent, "owner_id": owner_id, "q": query, "results": MemorySerializer(entries, many=True).data}

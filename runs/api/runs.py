@@ -1,26 +1,23 @@
-"""The runs API (DESIGN §6): thin doors onto runs.services, with the same refusals as the admin."""
+"""`/api/runs/`: thin doors onto runs.services, with the same refusals as the admin."""
 
 from __future__ import annotations
 
-import io
 import uuid
 
-from django.conf import settings
 from django.db.models import Prefetch
-from django.urls import Resolver404, resolve
-from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, parsers, status, viewsets
-from rest_framework.decorators import action, api_view, authentication_classes, permission_classes
+from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import CursorPagination
-from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.reverse import reverse
 
-from runs import reconcile, services, timeline
-from runs.api.exceptions import InvalidCursor, RequestTooLarge
+from config.lib.api_errors import InvalidCursor, errors
+from config.lib.parsers import BoundedJSONParser, BoundedMultiPartParser
+from config.lib.serializers import EmptySerializer
+from runs import reconcile, services, timeline, visibility
 from runs.api.serializers import (
-    EmptySerializer,
-    ErrorSerializer,
     ReplayRequestSerializer,
     RunCreateSerializer,
     RunDetailSerializer,
@@ -28,41 +25,6 @@ from runs.api.serializers import (
     RunSerializer,
 )
 from runs.models import AgentRun, RunStatus, RunStep, ToolCall, Trigger
-
-# Room for the form fields and multipart framing around an upload of MAX_UPLOAD_BYTES.
-MULTIPART_OVERHEAD_BYTES = 1024 * 1024
-
-
-def _content_length(meta) -> int:
-    try:
-        return int(meta.get("CONTENT_LENGTH") or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
-class BoundedJSONParser(parsers.JSONParser):
-    """DRF reads a JSON body from the stream with no limit of its own: read at most the limit."""
-
-    def parse(self, stream, media_type=None, parser_context=None):
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        body = stream.read(limit + 1) if stream is not None else b""
-        if limit is not None and len(body) > limit:
-            raise RequestTooLarge(
-                f"The request body is larger than {limit} bytes (DATA_UPLOAD_MAX_MEMORY_SIZE); "
-                "attach large inputs as a multipart file."
-            )
-        return super().parse(io.BytesIO(body), media_type, parser_context)
-
-
-class BoundedMultiPartParser(parsers.MultiPartParser):
-    def parse(self, stream, media_type=None, parser_context=None):
-        request = parser_context["request"]
-        limit = settings.MAX_UPLOAD_BYTES + MULTIPART_OVERHEAD_BYTES
-        if _content_length(request.META) > limit:
-            raise RequestTooLarge(
-                f"The upload is larger than the limit of {settings.MAX_UPLOAD_BYTES} bytes (MAX_UPLOAD_BYTES)."
-            )
-        return super().parse(stream, media_type, parser_context)
 
 
 class RunCursorPagination(CursorPagination):
@@ -75,27 +37,10 @@ class RunCursorPagination(CursorPagination):
         try:
             return super().decode_cursor(request)
         except Exception as exc:  # DRF raises NotFound; a bad cursor is the client's mistake
-            from rest_framework.exceptions import NotFound
 
             if isinstance(exc, NotFound):
                 raise InvalidCursor() from None
             raise
-
-
-ERRORS = {
-    400: OpenApiResponse(ErrorSerializer, description="Bad input; `errors` names each field."),
-    401: OpenApiResponse(ErrorSerializer, description="No or bad credentials."),
-    403: OpenApiResponse(ErrorSerializer, description="Not allowed."),
-    404: OpenApiResponse(ErrorSerializer, description="No such run, or not one you can see."),
-    409: OpenApiResponse(ErrorSerializer, description="Refused by the replay rules, or the run's state."),
-    410: OpenApiResponse(ErrorSerializer, description="The run's stored input file is gone."),
-    413: OpenApiResponse(ErrorSerializer, description="The request body is too large."),
-    415: OpenApiResponse(ErrorSerializer, description="Send JSON (or multipart to attach a file)."),
-}
-
-
-def errors(*codes: int) -> dict:
-    return {code: ERRORS[code] for code in codes}
 
 
 LIST_FILTERS = [
@@ -127,7 +72,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     queryset = AgentRun.objects.none()  # for the schema; get_queryset applies visibility
 
     def get_queryset(self):
-        runs = services.visible_runs(self.request.user).select_related(
+        runs = visibility.visible_runs(self.request.user).select_related(
             "created_by", "forced_by", "cancel_requested_by"
         )
         if self.action == "retrieve":
@@ -160,7 +105,6 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             except ValueError:
                 problems["replay_of"] = [f"{params['replay_of']!r} is not a run id (a UUID)."]
         if problems:
-            from rest_framework.exceptions import ValidationError
 
             raise ValidationError(problems)
         return queryset.filter(**lookups)
@@ -281,21 +225,3 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         run = self.get_object()
         body = {"run_id": run.run_id, "session_id": run.session_id, "events": timeline.run_events(run)}
         return Response(RunEventsSerializer(body).data)
-
-
-@extend_schema(exclude=True)
-@api_view(["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
-@authentication_classes([])
-@permission_classes([AllowAny])
-def api_not_found(request, *args, **kwargs):
-    """Unknown paths under /api/ answer in the API's error format, not with an HTML page."""
-    detail = f"There is no API endpoint at {request.path}."
-    if not request.path.endswith("/"):
-        try:
-            match = resolve(request.path + "/")
-            if match.func is not api_not_found:
-                detail += f" Did you mean {request.path}/ ?"
-        except Resolver404:
-            pass
-    return Response({"code": "not_found", "detail": detail}, status=status.HTTP_404_NOT_FOUND)
-

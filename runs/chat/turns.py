@@ -26,22 +26,18 @@ from google.adk.events.event import Event
 
 from agents.registry import UnknownAgentError
 from agents.services import resolve_runnable
+from config.lib.refusals import Refusal
 from runs import executor, services
 from runs.models import IN_FLIGHT, AgentRun, Conversation, Trigger
 
 logger = logging.getLogger(__name__)
 
 
-class ChatRefusal(Exception):
-    """A turn that cannot start; `code` and `status` are what every door reports."""
+class ChatRefusal(Refusal):
+    """A turn that cannot start."""
 
     code = "refused"
     status = 400
-
-    def __init__(self, detail: str, **context: Any):
-        super().__init__(detail)
-        self.detail = detail
-        self.context = context
 
 
 class ConversationNotFound(ChatRefusal):
@@ -91,7 +87,7 @@ def begin_turn(
     except ValidationError as exc:
         errors.update(exc.message_dict)
     try:
-        owner_key = services._clean_owner_id(owner_id)
+        owner_key = services.clean_owner_id(owner_id)
     except ValidationError as exc:
         errors.update(exc.message_dict)
     wanted = None

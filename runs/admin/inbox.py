@@ -1,6 +1,6 @@
 """The webhook inbox in the admin: sources (configured here) and events (records, with a desk).
 
-Event actions are doors onto runs.webhooks like the run desk's onto runs.services: the same
+Event actions are doors onto runs.inbox.desk like the run desk's onto runs.services: the same
 rules, one message per event. Forcing needs the same permission as forcing a replay.
 """
 
@@ -12,24 +12,28 @@ from pathlib import Path
 
 from django import forms
 from django.conf import settings
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.contrib.admin import helpers
-from django.contrib.admin.utils import model_ngettext, unquote
-from django.core.exceptions import PermissionDenied
+from django.contrib.admin.utils import unquote
 from django.db.models import Prefetch
-from django.http import FileResponse, Http404, HttpResponseRedirect
-from django.template.response import TemplateResponse
+from django.http import FileResponse, Http404
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
 from agents.registry import AGENTS
-from runs import desk, services, webhooks
+from config.lib.admin import (
+    CappedCountPaginator,
+    ReadOnlyAdminMixin,
+    ReasonedAction,
+    act_on_each,
+    back,
+    confirm_with_reason,
+)
 from runs import replay as rules
+from runs import services
+from runs.admin.actions import called_tools, change_url, journal_rows
+from runs.inbox import desk, processing, refusals, sources
 from runs.models import AgentRun, WebhookEvent, WebhookSource
-from runs.refusals import Refusal
-
-FORCE_REPROCESS_TEMPLATE = "admin/runs/webhookevent/force_reprocess_confirmation.html"
-
 
 # --- Sources ---------------------------------------------------------------------------------------
 
@@ -42,14 +46,16 @@ class WebhookSourceForm(forms.ModelForm):
         strip=False,
         widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
         help_text=(
-            f"The HMAC-SHA256 key the provider signs each body with (at least {webhooks.MIN_SECRET_CHARS} "
+            f"The HMAC-SHA256 key the provider signs each body with (at least {sources.MIN_SECRET_CHARS} "
             "characters). It is never shown again; leave blank to keep the current one."
         ),
     )
 
     class Meta:
         model = WebhookSource
-        exclude = ["secret"]
+        # Everything but the stored secret, which is only ever written through new_secret.
+        fields = ["slug", "name", "agent_name", "owner_id", "message_id_header", "message_id_field",
+                  "expects_attachments", "instructions", "params", "enabled", "created_at"]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -62,12 +68,16 @@ class WebhookSourceForm(forms.ModelForm):
 
     def clean_new_secret(self) -> str:
         secret = self.cleaned_data.get("new_secret") or ""
-        if secret and len(secret) < webhooks.MIN_SECRET_CHARS:
-            raise forms.ValidationError(f"The shared secret must be at least {webhooks.MIN_SECRET_CHARS} characters.")
         if secret:
-            # Set before the model's own validation runs, which needs the whole instance.
+            # Set before the model's own validation (which holds the secret rule) runs on the instance.
             self.instance.secret = secret
         return secret
+
+    def _update_errors(self, errors) -> None:
+        # The model's rules report a bad secret under `secret`, which this form shows as `new_secret`.
+        if hasattr(errors, "error_dict") and "secret" in errors.error_dict:
+            errors.error_dict.setdefault("new_secret", []).extend(errors.error_dict.pop("secret"))
+        super()._update_errors(errors)
 
 
 @admin.register(WebhookSource)
@@ -103,111 +113,91 @@ def event_label(event: WebhookEvent) -> str:
     return f"Event {event.external_id} ({str(event.event_id)[:8]})"
 
 
-def _report(modeladmin, request, event: WebhookEvent, refusal: Refusal) -> None:
-    modeladmin.message_user(
-        request, f"{event_label(event)}: {webhooks._event_wording(refusal.admin_detail)}", messages.WARNING
-    )
-
-
-def _back(request):
-    target = desk._safe_next(request)
-    return HttpResponseRedirect(target) if target else None
-
-
 @admin.action(permissions=["view"], description="Retry now")
 def retry_now(modeladmin, request, queryset):
-    for event in queryset.order_by("received_at"):
-        try:
-            run = webhooks.retry_event(event.pk, actor=request.user)
-        except Refusal as refusal:
-            _report(modeladmin, request, event, refusal)
-            continue
-        modeladmin.message_user(
-            request, f"{event_label(event)}: retrying as run {str(run.run_id)[:8]}.", messages.SUCCESS
-        )
-    return _back(request)
+    act_on_each(
+        modeladmin, request, queryset.order_by("received_at"),
+        act=lambda event: desk.retry_event(event.pk, actor=request.user),
+        label=event_label,
+        success=lambda event, run: f"retrying as run {str(run.run_id)[:8]}.",
+        refused=refusals.event_wording,
+    )
+    return back(request)
 
 
 @admin.action(permissions=["view"], description="Mark resolved")
 def mark_resolved(modeladmin, request, queryset):
-    for event in queryset.order_by("received_at"):
-        try:
-            webhooks.resolve_event(event.pk, actor=request.user)
-        except Refusal as refusal:
-            _report(modeladmin, request, event, refusal)
-            continue
-        modeladmin.message_user(request, f"{event_label(event)}: marked resolved.", messages.SUCCESS)
-    return _back(request)
+    act_on_each(
+        modeladmin, request, queryset.order_by("received_at"),
+        act=lambda event: desk.resolve_event(event.pk, actor=request.user),
+        label=event_label,
+        success=lambda event, resolved: "marked resolved.",
+        refused=refusals.event_wording,
+    )
+    return back(request)
 
 
 def force_rows(events) -> list[dict]:
     """For each event: its last run, what that run already called, and what forcing would do."""
     rows = []
     for event in events:
-        run = webhooks.last_run(event)
+        run = processing.last_run(event)
         row = {"event": event, "url": reverse("admin:runs_webhookevent_change", args=[event.pk]), "run": run,
                "tools": None, "journal": [], "blocked": "", "overrides": ""}
         if event.status == "processing":
-            row["blocked"] = webhooks.EventInFlight().admin_detail
+            row["blocked"] = refusals.EventInFlight().admin_detail
         if run is not None:
             forced = rules.decide(run, force=True)
-            row.update(
-                run_url=desk.change_url(run),
-                tools=rules.tool_names_once(run.tools_executed) if run.tools_executed is not None else None,
-                journal=[{"call": call, "args": json.dumps(call.args, ensure_ascii=False)}
-                         for call in run.tool_calls.order_by("seq")],
-            )
+            row.update(run_url=change_url(run), tools=called_tools(run), journal=journal_rows(run))
             if forced.refusal is not None:
                 row["blocked"] = row["blocked"] or forced.refusal.admin_detail
             elif forced.overridden is not None:
-                row["overrides"] = webhooks._event_wording(forced.overridden.admin_detail)
+                row["overrides"] = refusals.event_wording(forced.overridden)
         rows.append(row)
     return rows
+
+
+FORCE_REPROCESS = ReasonedAction(
+    name="force_reprocess",
+    slug="force-reprocess",
+    title="Force reprocess",
+    question=(
+        "Are you sure you want to force the selected {objects_name} to be processed again? Each is processed by a "
+        "new run with the event as it was received. Whatever an earlier attempt already called will be called "
+        "again: emails are sent again, notes are written again."
+    ),
+    submit="Yes, force reprocessing",
+    row_template="admin/runs/webhookevent/force_reprocess_row.html",
+    check_reason=services.check_force_reason,
+    max_reason_chars=services.MAX_FORCE_REASON_CHARS,
+    reason_label="Reason (recorded on each new run and in the admin log):",
+)
 
 
 @admin.action(permissions=["force_replay"], description="Force reprocess…")
 def force_reprocess(modeladmin, request, queryset):
     """Confirm, with a reason, then process again even what the rules refuse."""
-    if not modeladmin.has_force_replay_permission(request):
-        raise PermissionDenied
     events = list(queryset.select_related("source").order_by("received_at"))
-    reason = request.POST.get("reason", "").strip()
-    error = ""
-    if request.POST.get("post"):
-        if reason and len(reason) <= services.MAX_FORCE_REASON_CHARS:
-            for event in events:
-                try:
-                    run = webhooks.force_reprocess_event(event.pk, actor=request.user, reason=reason)
-                except Refusal as refusal:
-                    _report(modeladmin, request, event, refusal)
-                    continue
-                verb = "Force-reprocessed" if run.forced else "Reprocessed"
-                modeladmin.message_user(
-                    request, f"{event_label(event)}: {verb} as run {str(run.run_id)[:8]}.", messages.SUCCESS
-                )
-            return _back(request)
-        error = (
-            "Give a reason: say why processing these events again is acceptable."
-            if not reason
-            else f"The reason is longer than {services.MAX_FORCE_REASON_CHARS} characters."
+
+    def perform(selected, reason):
+        act_on_each(
+            modeladmin, request, selected,
+            act=lambda event: desk.force_reprocess_event(event.pk, actor=request.user, reason=reason),
+            label=event_label,
+            success=lambda event, run: (
+                f"{'Force-reprocessed' if run.forced else 'Reprocessed'} as run {str(run.run_id)[:8]}."
+            ),
+            refused=refusals.event_wording,
         )
-    context = {
-        **modeladmin.admin_site.each_context(request),
-        "title": "Force reprocess",
-        "subtitle": None,
-        "objects_name": str(model_ngettext(queryset)),
-        "rows": force_rows(events),
-        "queryset": events,
-        "reason": reason,
-        "reason_error": error,
-        "max_reason_chars": services.MAX_FORCE_REASON_CHARS,
-        "next": desk._safe_next(request) or "",
-        "opts": modeladmin.model._meta,
-        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-        "media": modeladmin.media,
-    }
-    request.current_app = modeladmin.admin_site.name
-    return TemplateResponse(request, FORCE_REPROCESS_TEMPLATE, context)
+        return back(request)
+
+    return confirm_with_reason(
+        modeladmin, request, queryset, events,
+        action=FORCE_REPROCESS,
+        permitted=services.can_force_replay(request.user),
+        rows=force_rows,
+        perform=perform,
+    )
 
 
 def _pretty(value) -> str:
@@ -224,7 +214,9 @@ def stored_attachment_path(entry: dict) -> Path | None:
 
 
 @admin.register(WebhookEvent)
-class WebhookEventAdmin(admin.ModelAdmin):
+class WebhookEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Records, not forms: the desk's actions are the only way to act on an event."""
+
     list_display = ["short_id", "status", "source", "external_id", "attempts", "next_attempt_at",
                     "last_error_short", "runs_links", "received_at"]
     list_display_links = ["short_id"]
@@ -234,7 +226,7 @@ class WebhookEventAdmin(admin.ModelAdmin):
     list_select_related = ["source"]
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
-    paginator = desk.CappedCountPaginator
+    paginator = CappedCountPaginator
     list_per_page = 50
     ordering = ["-received_at"]
     actions = [retry_now, force_reprocess, mark_resolved]
@@ -248,22 +240,12 @@ class WebhookEventAdmin(admin.ModelAdmin):
         ("Delivery", {"fields": ["payload_pretty", "headers_pretty", "attachments_links"]}),
     ]
 
-    # Records, not forms (the desk's actions are the only way to act on an event).
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
     def has_view_permission(self, request, obj=None):
         # Whoever may review runs may review the events that start them.
         return super().has_view_permission(request, obj) or request.user.has_perm("runs.view_agentrun")
 
     def has_force_replay_permission(self, request, obj=None):
-        return request.user.has_perm("runs.force_replay_agentrun")
+        return services.can_force_replay(request.user)
 
     def get_queryset(self, request):
         runs = AgentRun.objects.only("run_id", "status", "created_at", "webhook_event_id", "tools_executed",
@@ -332,7 +314,7 @@ class WebhookEventAdmin(admin.ModelAdmin):
             return "—"
         return format_html_join(
             ", ", '<a href="{}">{} ({})</a>',
-            ((desk.change_url(run), str(run.run_id)[:8], run.status) for run in runs),
+            ((change_url(run), str(run.run_id)[:8], run.status) for run in runs),
         )
 
     @admin.display(description="runs (attempts)")
@@ -343,7 +325,7 @@ class WebhookEventAdmin(admin.ModelAdmin):
         rows = []
         for number, run in enumerate(runs, start=1):
             tools = "unknown" if run.tools_executed is None else (", ".join(run.tools_executed) or "none")
-            rows.append((number, desk.change_url(run), str(run.run_id)[:8], run.status,
+            rows.append((number, change_url(run), str(run.run_id)[:8], run.status,
                          run.error_code or "—", tools, f"{run.created_at:%Y-%m-%d %H:%M:%S}"))
         return format_html(
             "<table><thead><tr><th>#</th><th>run</th><th>status</th><th>error</th><th>tools called</th>"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -26,7 +25,9 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication, get_authorization_header
 
-from runs import chat
+from config.lib.api_errors import api_exception_handler
+from config.lib.refusals import Refusal
+from runs.chat import turns as chat
 from runs.models import AgentRun
 
 logger = logging.getLogger(__name__)
@@ -34,11 +35,18 @@ logger = logging.getLogger(__name__)
 FIELDS = {"agent", "owner_id", "message", "conversation_id", "params"}
 
 
-def refusal(status: int, code: str, detail: str, **context: Any) -> JsonResponse:
-    response = JsonResponse({"code": code, "detail": detail, **context}, status=status)
-    if status == 401:
-        response["WWW-Authenticate"] = TokenAuthentication.keyword
-    return response
+def error_response(exc: Exception) -> JsonResponse:
+    """The API's one translation of an error (refusals, validation, DRF's own), for this non-DRF view."""
+    response = api_exception_handler(exc, {})
+    if response is None:
+        raise exc
+    json_response = JsonResponse(response.data, status=response.status_code)
+    for header in ("WWW-Authenticate", "Allow", "Retry-After"):
+        if header in response:
+            json_response[header] = response[header]
+    if response.status_code == 401 and "WWW-Authenticate" not in json_response:
+        json_response["WWW-Authenticate"] = TokenAuthentication.keyword
+    return json_response
 
 
 async def authenticate(request: HttpRequest):
@@ -66,12 +74,6 @@ def _parse(request: HttpRequest) -> dict:
     if unknown:
         raise ValidationError({"body": f"Unknown field(s): {', '.join(unknown)}. Expected: {', '.join(sorted(FIELDS))}."})
     return body
-
-
-def _invalid(exc: ValidationError) -> JsonResponse:
-    errors = exc.message_dict
-    detail = " ".join(message for messages in errors.values() for message in messages)
-    return refusal(400, "invalid", detail, errors=errors)
 
 
 class ChatStream(StreamingHttpResponse):
@@ -126,24 +128,12 @@ class ChatStream(StreamingHttpResponse):
 @csrf_exempt  # CSRF is enforced for session-authenticated requests only, as DRF does
 async def chat_turn(request: HttpRequest):
     if request.method != "POST":
-        response = refusal(405, "method_not_allowed", f"Method {request.method} is not allowed; use POST.")
-        response["Allow"] = "POST"
-        return response
+        return error_response(drf_exceptions.MethodNotAllowed(request.method))
     try:
         user = await authenticate(request)
-    except drf_exceptions.APIException as exc:
-        code = exc.get_codes()
-        return refusal(exc.status_code, code if isinstance(code, str) else exc.default_code, str(exc.detail))
-    try:
         body = _parse(request)
-    except ValidationError as exc:
-        return _invalid(exc)
-    except RequestDataTooBig:
-        return refusal(
-            413,
-            "too_large",
-            f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes (DATA_UPLOAD_MAX_MEMORY_SIZE).",
-        )
+    except (drf_exceptions.APIException, ValidationError, RequestDataTooBig) as exc:
+        return error_response(exc)
 
     starting = asyncio.ensure_future(
         sync_to_async(chat.begin_turn)(
@@ -162,10 +152,8 @@ async def chat_turn(request: HttpRequest):
     except asyncio.CancelledError:
         starting.add_done_callback(_settle_if_written)
         raise
-    except ValidationError as exc:
-        return _invalid(exc)
-    except chat.ChatRefusal as exc:
-        return refusal(exc.status, exc.code, exc.detail, **exc.context)
+    except (ValidationError, Refusal) as exc:
+        return error_response(exc)
 
     turn = chat.ChatTurn(run)
     turn.start()

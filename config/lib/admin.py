@@ -1,0 +1,158 @@
+"""The admin kit every app's desk is built from.
+
+- `ReadOnlyAdminMixin`: records, not forms.
+- `CappedCountPaginator`: list pages that stay fast on tables of millions of rows.
+- `act_on_each`: an action applied object by object, each refusal reported as a message of its
+  own (the admin's one translation of the refusal family).
+- `confirm_with_reason`: Django's `delete_selected` shape for a dangerous action — a
+  confirmation page listing what each object would do, a reason, then the action.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.admin import helpers
+from django.contrib.admin.utils import model_ngettext
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.utils.functional import cached_property
+from django.utils.http import url_has_allowed_host_and_scheme
+
+from config.lib.refusals import Refusal
+
+CONFIRMATION_TEMPLATE = "admin/confirm_with_reason.html"
+
+
+class ReadOnlyAdminMixin:
+    """Records, not forms: nothing can be added, changed or deleted by hand."""
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class CappedCountPaginator(Paginator):
+    """Counts at most `cap` rows: COUNT(*) over millions of rows is what makes a list page slow.
+
+    Past the cap the list says “10000+”; filters and search narrow it down from there.
+    """
+
+    cap = 10_000
+
+    @cached_property
+    def count(self) -> int:
+        # Only the primary keys, unordered: the list's annotations and ordering cost nothing here.
+        counted = self.object_list.order_by().values("pk")[: self.cap + 1].count()
+        self.capped = counted > self.cap
+        return min(counted, self.cap)
+
+
+def safe_next(request: HttpRequest) -> str | None:
+    """The page to go back to after an action, if it is one of this site's."""
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+        return target
+    return None
+
+
+def back(request: HttpRequest) -> HttpResponse | None:
+    """Back where the person was (None lets Django show the change list again)."""
+    target = safe_next(request)
+    return HttpResponseRedirect(target) if target else None
+
+
+def act_on_each(
+    modeladmin: Any,
+    request: HttpRequest,
+    objects: Iterable[Any],
+    *,
+    act: Callable[[Any], Any],
+    label: Callable[[Any], str],
+    success: Callable[[Any, Any], str],
+    refused: Callable[[Refusal], str] = lambda refusal: refusal.admin_detail,
+) -> list[Any]:
+    """Apply `act` to each object; report each outcome (or refusal) as one message. Returns the results."""
+    results = []
+    for obj in objects:
+        try:
+            result = act(obj)
+        except Refusal as refusal:
+            modeladmin.message_user(request, f"{label(obj)}: {refused(refusal)}", messages.WARNING)
+            continue
+        results.append(result)
+        modeladmin.message_user(request, f"{label(obj)}: {success(obj, result)}", messages.SUCCESS)
+    return results
+
+
+@dataclass(frozen=True)
+class ReasonedAction:
+    """What a confirmed action with a reason needs to know; the page's words come from here."""
+
+    name: str  # the action's function name, posted back by the confirmation form
+    slug: str  # names the page for styles and tests, e.g. "force-replay"
+    title: str  # e.g. "Force replay"
+    question: str  # the sentence above the list, with {objects_name}
+    submit: str  # e.g. "Yes, force the replay"
+    row_template: str  # renders one row of `rows`
+    check_reason: Callable[[str], str]  # the one reason rule: returns the cleaned reason or raises a Refusal
+    max_reason_chars: int
+    reason_label: str = "Reason (recorded on each new run and in the admin log):"
+
+
+def confirm_with_reason(
+    modeladmin: Any,
+    request: HttpRequest,
+    queryset: Any,
+    objects: list[Any],
+    *,
+    action: ReasonedAction,
+    permitted: bool,
+    rows: Callable[[list[Any]], list[dict]],
+    perform: Callable[[list[Any], str], HttpResponse | None],
+) -> HttpResponse | None:
+    """Confirm, with a reason, then `perform` (Django's delete_selected pattern).
+
+    The first request shows the confirmation page; the confirmed post (`post=yes`) checks the
+    reason with the same rule the services apply and performs, or shows the page again with the
+    refusal's words.
+    """
+    if not permitted:
+        raise PermissionDenied
+    reason = request.POST.get("reason", "").strip()
+    error = ""
+    if request.POST.get("post"):
+        try:
+            cleaned = action.check_reason(reason)
+        except Refusal as refusal:
+            error = refusal.admin_detail
+        else:
+            return perform(objects, cleaned)
+    context = {
+        **modeladmin.admin_site.each_context(request),
+        "title": action.title,
+        "subtitle": None,
+        "action": action,
+        "question": action.question.format(objects_name=model_ngettext(queryset)),
+        "rows": rows(objects),
+        "queryset": objects,
+        "reason": reason,
+        "reason_error": error,
+        "max_reason_chars": action.max_reason_chars,
+        "next": safe_next(request) or "",
+        "opts": modeladmin.model._meta,
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        "media": modeladmin.media,
+    }
+    request.current_app = modeladmin.admin_site.name
+    return TemplateResponse(request, CONFIRMATION_TEMPLATE, context)

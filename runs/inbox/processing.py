@@ -1,0 +1,434 @@
+"""Processing the inbox: events leased by workers, processed by runs, retried only when harmless.
+
+Receipt (`receive_event`): the signature is checked on the raw body, the attachments are copied
+to disk and the event row is written *before* the provider hears 202; the same provider
+message id again answers with the first event (the unique constraint decides races).
+
+Processing (`process_event`, `claim_next`): a worker leases the event (`SELECT … FOR UPDATE SKIP
+LOCKED` on PostgreSQL; on SQLite a conditional UPDATE inside an IMMEDIATE transaction, which
+serialises writers) and, under that row lock, judges the event's last run:
+
+* no run yet → start one (trigger `webhook`) and execute it in this worker;
+* a run still queued → execute it (its claim is atomic, so it runs once);
+* a run still running with a live heartbeat → leave it alone and look again when the lease ends;
+  a run whose heartbeat went silent is reconciled first, then judged as the failure it is;
+* a success → the event is `done`;
+* a failure → `runs.replay.decide(run, force=False)`: if the run provably called no tool the
+  event waits for its next retry (`retry_wait`, backing off) or, past WEBHOOK_MAX_ATTEMPTS, is
+  `dead`; otherwise it `needs_review`, saying what was called, and waits for a person.
+
+A new run is only ever started under the event's row lock after its previous run has settled,
+and a partial unique index on `agent_runs(webhook_event)` for queued/running rows makes "two
+runs in flight for one event" impossible even for a path that forgot the rules.
+
+The worker that executes a run observes its outcome itself right after; a worker that dies
+mid-event stops renewing its lease, and whoever claims the expired lease (a worker polling for
+due events, or a task the sweeper enqueued) settles the event from the run's outcome. Every
+transition is conditional on the event's state under its row lock, so doing it twice is harmless.
+
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import shutil
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import close_old_connections, connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from config.lib.refusals import Refusal
+from runs import executor, lifecycle, reconcile, services
+from runs import replay as rules
+from runs.inbox import receipt
+from runs.inbox.refusals import REVIEW_HINT, event_wording
+from runs.models import AgentRun, EventStatus, RunStatus, Trigger, WebhookEvent
+from runs.refusals import ReplayRefused, ToolsCalled, ToolsUnknown
+
+logger = logging.getLogger(__name__)
+
+# --- Processing ------------------------------------------------------------------------------------
+
+
+def retry_delay(attempt: int) -> int:
+    """Seconds before the retry that follows failed attempt `attempt` (1-based); the last delay repeats."""
+    delays = settings.WEBHOOK_RETRY_DELAYS
+    return delays[min(max(attempt, 1), len(delays)) - 1]
+
+
+def claimable_q(now: datetime) -> Q:
+    """Events a worker may take now: new, due for a retry, or left by a worker whose lease ran out."""
+    return (
+        Q(status=EventStatus.RECEIVED)
+        | Q(status=EventStatus.RETRY_WAIT, next_attempt_at__lte=now)
+        | Q(status=EventStatus.PROCESSING, lease_expires_at__lt=now)
+    )
+
+
+def last_run(event: WebhookEvent) -> AgentRun | None:
+    return AgentRun.objects.filter(webhook_event=event).order_by("-created_at").first()
+
+
+def _set(event: WebhookEvent, **fields: Any) -> None:
+    for key, value in fields.items():
+        setattr(event, key, value)
+    WebhookEvent.objects.filter(pk=event.pk).update(**fields)
+
+
+def _short(run: AgentRun) -> str:
+    return str(run.run_id)[:8]
+
+
+def review_message(event: WebhookEvent, run: AgentRun, refusal: Refusal) -> str:
+    attempt = f"Attempt {event.attempts} (run {_short(run)})"
+    if isinstance(refusal, ToolsCalled):
+        return (
+            f"{attempt} called {', '.join(refusal.context['tools'])} before failing: processing the event again "
+            f"would call them again. {REVIEW_HINT}"
+        )
+    if isinstance(refusal, ToolsUnknown):
+        return (
+            f"{attempt} failed and it is unknown whether it called any tool before failing (unknown is not "
+            f"none): processing the event again could repeat a side effect. {REVIEW_HINT}"
+        )
+    sentence = refusal.sentence if isinstance(refusal, ReplayRefused) else refusal.admin_detail
+    return f"{attempt} cannot simply be repeated: {sentence} {REVIEW_HINT}"
+
+
+def _run_failure(run: AgentRun) -> str:
+    return f"{run.error_code or run.status}: {run.error_message or 'no message'}"
+
+
+class AttachmentGone(Exception):
+    pass
+
+
+def _open_input(event: WebhookEvent):
+    """The first stored attachment, checked against its recorded digest, as (handle, name)."""
+    if not event.attachments:
+        return None, None
+    first = event.attachments[0]
+    path = Path(first["path"])
+    try:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        raise AttachmentGone(f"The stored copy of the attachment “{first['filename']}” is gone from disk.") from None
+    if digest != first["sha256"]:
+        raise AttachmentGone(f"The stored copy of the attachment “{first['filename']}” no longer matches what was received.")
+    return path.open("rb"), first["filename"]
+
+
+def _start_attempt(
+    event: WebhookEvent,
+    *,
+    previous: AgentRun | None,
+    now: datetime,
+    forced_by: Any = None,
+    force_reason: str = "",
+) -> AgentRun | None:
+    """Start the event's next run (under its row lock); None, with the event in review, if it cannot."""
+    source = event.source
+    handle = None
+    try:
+        handle, file_name = _open_input(event)
+        run = services.start_run(
+            agent_name=source.agent_name,
+            message=receipt.event_message(source, event.external_id, event.payload),
+            owner_id=source.owner_id,
+            params=source.params,
+            file=handle,
+            file_name=file_name,
+            trigger=Trigger.WEBHOOK,
+            enqueue=False,
+        )
+    except ValidationError as exc:
+        problems = "; ".join(f"{field}: {' '.join(msgs)}" for field, msgs in exc.message_dict.items())
+        _set(event, status=EventStatus.NEEDS_REVIEW, last_error=(
+            f"No run could be started from this event with the source's current settings ({problems}). "
+            "Fix the source, then use “Retry now”."
+        ), lease_expires_at=None, leased_by="", finished_at=None)
+        return None
+    except AttachmentGone as exc:
+        _set(event, status=EventStatus.NEEDS_REVIEW, last_error=f"{exc} The event cannot be processed as received.",
+             lease_expires_at=None, leased_by="", finished_at=None)
+        return None
+    finally:
+        if handle is not None:
+            handle.close()
+    if run.input_file:
+        # Files are not transactional: if the event's transaction rolls back, the caller removes it.
+        _track_run_dir(services.run_inputs_dir(run.run_id))
+    links = dict(
+        webhook_event=event,
+        replay_of=previous,
+        forced=forced_by is not None,
+        forced_by=forced_by,
+        force_reason=force_reason,
+    )
+    AgentRun.objects.filter(pk=run.pk).update(**links)
+    for key, value in links.items():
+        setattr(run, key, value)
+    _set(event, status=EventStatus.PROCESSING, attempts=event.attempts + 1, finished_at=None)
+    logger.info("Webhook event %s: attempt %d is run %s", event.event_id, event.attempts, run.run_id)
+    return run
+
+
+# Input copies made by runs started inside the current transaction (one list per thread).
+_local = threading.local()
+
+
+def _track_run_dir(path: Path) -> None:
+    if hasattr(_local, "dirs"):
+        _local.dirs.append(path)
+
+
+@contextlib.contextmanager
+def files_follow_transaction() -> Iterator[None]:
+    """Around a transaction that may start runs: their input copies are removed if it fails."""
+    _local.dirs = []
+    try:
+        yield
+    except BaseException:
+        for path in _local.dirs:
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+    finally:
+        del _local.dirs
+
+
+def _advance(event: WebhookEvent, *, was: str, now: datetime) -> uuid.UUID | None:
+    """Move a leased event on from what its last run says; return the run this worker must execute."""
+    previous = last_run(event)
+    if previous is None:
+        run = _start_attempt(event, previous=None, now=now)
+        return run.run_id if run is not None else None
+
+
+    # A run whose worker died is judged as what it is: a failure whose outcome is unknown.
+    reconcile.reconcile_run_if_stale(previous)
+    if previous.status == RunStatus.QUEUED:
+        return previous.run_id
+    if previous.status == RunStatus.RUNNING:
+        # Its worker is alive (the heartbeat is fresh): look again when this lease runs out.
+        return None
+    if previous.status == RunStatus.SUCCESS:
+        _set(event, status=EventStatus.DONE, last_error="", lease_expires_at=None, leased_by="", finished_at=now)
+        return None
+
+    decision = rules.decide(previous, force=False)
+    refusal = decision.refusal
+    if refusal is not None:
+        if refusal.code in {"run_in_flight", "replay_in_flight"}:
+            return None
+        if refusal.code in {"run_succeeded", "already_replayed"}:
+            _set(event, status=EventStatus.DONE, last_error=event_wording(refusal),
+                 lease_expires_at=None, leased_by="", finished_at=now)
+            return None
+        _set(event, status=EventStatus.NEEDS_REVIEW, last_error=review_message(event, previous, refusal),
+             lease_expires_at=None, leased_by="", next_attempt_at=None, finished_at=None)
+        logger.warning("Webhook event %s needs review: %s", event.event_id, event.last_error)
+        return None
+
+    # The previous attempt provably touched nothing: it may be retried.
+    if event.attempts >= settings.WEBHOOK_MAX_ATTEMPTS:
+        _set(event, status=EventStatus.DEAD, lease_expires_at=None, leased_by="", next_attempt_at=None,
+             finished_at=now, last_error=(
+                 f"Gave up after {event.attempts} attempts (WEBHOOK_MAX_ATTEMPTS="
+                 f"{settings.WEBHOOK_MAX_ATTEMPTS}), none of which called a tool. The last one (run "
+                 f"{_short(previous)}) failed with {_run_failure(previous)}"
+             ))
+        logger.warning("Webhook event %s is dead: %s", event.event_id, event.last_error)
+        return None
+    if was == EventStatus.RETRY_WAIT:
+        run = _start_attempt(event, previous=previous, now=now)
+        return run.run_id if run is not None else None
+    delay = retry_delay(event.attempts)
+    due = now + timedelta(seconds=delay)
+    _set(event, status=EventStatus.RETRY_WAIT, next_attempt_at=due, lease_expires_at=None, leased_by="",
+         enqueued_at=None, last_error=(
+             f"Attempt {event.attempts} (run {_short(previous)}) failed with {_run_failure(previous)} "
+             f"It called no tool, so it is retried in {delay} s."
+         ))
+    return None
+
+
+@dataclass(frozen=True)
+class Claim:
+    event_id: uuid.UUID
+    worker: str
+    run_id: uuid.UUID | None
+    status: str
+
+
+def _take(queryset, *, worker: str, now: datetime) -> Claim | None:
+    """Lease the first claimable event of `queryset` and advance it, in one transaction."""
+    with files_follow_transaction(), transaction.atomic():
+        event = (
+            queryset.select_for_update(skip_locked=True, of=("self",))
+            .filter(claimable_q(now))
+            .select_related("source")
+            .first()
+        )
+        if event is None:
+            return None
+        was = event.status
+        # Conditional on what was read: on SQLite (no row locks) the IMMEDIATE transaction already
+        # serialises claimants, and the row count keeps the claim honest anywhere.
+        taken = WebhookEvent.objects.filter(
+            pk=event.pk, status=was, lease_expires_at=event.lease_expires_at
+        ).update(
+            status=EventStatus.PROCESSING,
+            lease_expires_at=now + timedelta(seconds=settings.WEBHOOK_LEASE_SECONDS),
+            leased_by=worker,
+            enqueued_at=None,
+        )
+        if not taken:
+            return None
+        event.status = EventStatus.PROCESSING
+        event.leased_by = worker
+        run_id = _advance(event, was=was, now=now)
+        return Claim(event.event_id, worker, run_id, event.status)
+
+
+def claim_event(*, event_id: Any, worker: str, now: datetime | None = None) -> Claim | None:
+    """Lease this event if it is claimable now (and nobody holds its row); None otherwise."""
+    return _take(WebhookEvent.objects.filter(pk=event_id), worker=worker, now=now or timezone.now())
+
+
+def claim_next(*, worker: str, now: datetime | None = None) -> Claim | None:
+    """Lease the next claimable event, skipping rows other workers hold.
+
+    One scan per kind of due event, each a range on its own index, rather than one OR over the
+    table that the planner could answer by walking every settled event. Due retries and expired
+    leases go first: they are few, and new events keep arriving.
+    """
+    now = now or timezone.now()
+    scans = (
+        WebhookEvent.objects.filter(status=EventStatus.RETRY_WAIT, next_attempt_at__lte=now).order_by("next_attempt_at"),
+        WebhookEvent.objects.filter(status=EventStatus.PROCESSING, lease_expires_at__lt=now).order_by("lease_expires_at"),
+        WebhookEvent.objects.filter(status=EventStatus.RECEIVED).order_by("next_attempt_at"),
+    )
+    for scan in scans:
+        claim = _take(scan, worker=worker, now=now)
+        if claim is not None:
+            return claim
+    return None
+
+
+class LeaseKeeper:
+    """Renews a worker's lease on an event while it executes the event's run (a plain thread,
+    like the run's heartbeat, so a busy event loop cannot make a live worker look gone)."""
+
+    def __init__(self, event_id: uuid.UUID, worker: str):
+        self.event_id, self.worker = event_id, worker
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{event_id}", daemon=True)
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        period = settings.WEBHOOK_LEASE_SECONDS / 3
+        try:
+            while not self._stop.wait(period):
+                try:
+                    renewed = WebhookEvent.objects.filter(
+                        pk=self.event_id, status=EventStatus.PROCESSING, leased_by=self.worker
+                    ).update(lease_expires_at=timezone.now() + timedelta(seconds=settings.WEBHOOK_LEASE_SECONDS))
+                except Exception:  # noqa: BLE001 - a hiccup must not stop the run; the next try may work
+                    logger.exception("Webhook event %s: the lease could not be renewed", self.event_id)
+                    close_old_connections()
+                    continue
+                if not renewed:
+                    return  # someone else moved the event on; nothing left to keep
+        finally:
+            connection.close()
+
+
+def _after_run(claim: Claim) -> str:
+    """Settle the event from the outcome of the run this worker just executed."""
+    now = timezone.now()
+    with files_follow_transaction(), transaction.atomic():
+        event = WebhookEvent.objects.select_for_update().select_related("source").filter(pk=claim.event_id).first()
+        if event is None or event.status != EventStatus.PROCESSING:
+            return event.status if event is not None else "gone"
+        current = last_run(event)
+        if current is None or current.run_id != claim.run_id:
+            return event.status  # another attempt was started meanwhile; it is someone else's now
+        _advance(event, was=EventStatus.PROCESSING, now=now)
+        return event.status
+
+
+def work(claim: Claim) -> str:
+    """Execute the claimed event's run here, then settle the event; returns its status."""
+
+    if claim.run_id is None:
+        return claim.status
+    with LeaseKeeper(claim.event_id, claim.worker):
+        executor.execute(claim.run_id)
+    return _after_run(claim)
+
+
+def process_event(*, event_id: Any, worker: str | None = None) -> str:
+    """The task's body: claim the event, run its attempt, settle it. Safe to call any number of times."""
+    claim = claim_event(event_id=event_id, worker=worker or lifecycle.worker_name())
+    if claim is None:
+        return "not claimed"
+    return work(claim)
+
+
+def process_due(*, worker: str | None = None, limit: int | None = None) -> int:
+    """Process claimable events one after another until none is left (or `limit`); return how many."""
+    worker = worker or lifecycle.worker_name()
+    done = 0
+    while limit is None or done < limit:
+        claim = claim_next(worker=worker)
+        if claim is None:
+            break
+        work(claim)
+        done += 1
+    return done
+
+
+# --- The sweeper -----------------------------------------------------------------------------------
+
+
+def due_q(now: datetime) -> Q:
+    """Events that need a worker and have no task on its way (or whose task was lost)."""
+    stale_enqueue = now - timedelta(seconds=settings.WEBHOOK_LEASE_SECONDS)
+    return claimable_q(now) & (Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=stale_enqueue))
+
+
+def sweep(*, now: datetime | None = None) -> list[uuid.UUID]:
+    """Every minute: enqueue due retries, expired leases and received events whose task was lost.
+
+    Each event's `enqueued_at` is claimed with a conditional UPDATE first, so concurrent sweeps
+    enqueue it once, and an event waiting behind a backlog is enqueued once per lease period.
+    """
+    now = now or timezone.now()
+    candidates = list(WebhookEvent.objects.filter(due_q(now)).order_by("received_at").values_list("pk", "enqueued_at")[:5000])
+    enqueued: list[uuid.UUID] = []
+    for event_id, previous in candidates:
+        with transaction.atomic():
+            if WebhookEvent.objects.filter(due_q(now), pk=event_id, enqueued_at=previous).update(enqueued_at=now):
+                transaction.on_commit(lambda event_id=event_id: receipt.enqueue_event(event_id))
+                enqueued.append(event_id)
+    if enqueued:
+        logger.info("Webhook sweeper enqueued %d event(s)", len(enqueued))
+    return enqueued

@@ -1,0 +1,255 @@
+"""Receipt: a delivery is verified, its attachments copied and its event row written before the provider hears 202.
+
+The same provider message id again answers with the first event (the unique constraint decides races).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import logging
+import os
+import shutil
+import unicodedata
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from django_q.tasks import async_task
+
+from runs import services
+from runs.inbox.refusals import BadAttachments, BodyTooLarge, MalformedEvent, MessageIdMissing, UnknownSource
+from runs.inbox.signing import SIGNATURE_HEADER, verify_signature
+from runs.models import WebhookEvent, WebhookSource
+
+logger = logging.getLogger(__name__)
+
+MAX_EXTERNAL_ID_CHARS = 255
+MAX_ATTACHMENTS = 20
+# Headers worth keeping beside the payload (the signature is not one of them: it proves
+# nothing once verified, and the payload is what the agent acts on).
+KEPT_HEADERS = ("Content-Type", "User-Agent", "X-Request-Id", "X-Delivery-Id")
+
+
+# --- Receipt ---------------------------------------------------------------------------------------
+
+
+def get_source(slug: str) -> WebhookSource:
+    source = WebhookSource.objects.filter(slug=slug, enabled=True).first()
+    if source is None:
+        raise UnknownSource(slug)
+    return source
+
+
+@dataclass(frozen=True)
+class Attachment:
+    filename: str
+    content_type: str
+    data: bytes
+
+
+def _message_id(source: WebhookSource, payload: dict, headers: Mapping[str, str]) -> str:
+    if source.message_id_header:
+        value: Any = headers.get(source.message_id_header)
+        where = f"header {source.message_id_header}"
+    else:
+        value = payload
+        for part in source.message_id_field.split("."):
+            if isinstance(value, dict) and part in value:
+                value = value[part]
+            elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+                value = value[int(part)]
+            else:
+                value = None
+                break
+        where = f"JSON field {source.message_id_field}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not value.strip():
+        raise MessageIdMissing(
+            f"The provider's message id was not found in the {where}: every event needs one, so that a "
+            "repeated delivery is recognised.",
+        )
+    value = value.strip()
+    if len(value) > MAX_EXTERNAL_ID_CHARS:
+        raise MessageIdMissing(f"The message id in the {where} is longer than {MAX_EXTERNAL_ID_CHARS} characters.")
+    if any(unicodedata.category(ch) == "Cc" for ch in value):
+        raise MessageIdMissing(f"The message id in the {where} contains control characters.")
+    return value
+
+
+def _attachments(source: WebhookSource, payload: dict) -> tuple[list[Attachment], dict]:
+    """Decode `attachments` and return them with the payload that keeps only their descriptions."""
+    raw = payload.get("attachments")
+    if raw is None:
+        return [], payload
+    if not source.expects_attachments:
+        raise BadAttachments(
+            f"The source “{source.slug}” does not take attachments, but the event has an “attachments” field."
+        )
+    if not isinstance(raw, list):
+        raise BadAttachments("“attachments” must be a list of {filename, content_type, content_base64} objects.")
+    if len(raw) > MAX_ATTACHMENTS:
+        raise BadAttachments(f"The event has {len(raw)} attachments; at most {MAX_ATTACHMENTS} are accepted.")
+    decoded: list[Attachment] = []
+    seen: set[str] = set()
+    for index, item in enumerate(raw, start=1):
+        where = f"Attachment {index}"
+        if not isinstance(item, dict):
+            raise BadAttachments(f"{where} must be an object with filename, content_type and content_base64.")
+        try:
+            filename = services.clean_file_name(item.get("filename"))
+        except ValidationError as exc:
+            raise BadAttachments(f"{where}: {' '.join(exc.message_dict['file'])}") from None
+        if filename.lower() in seen:
+            raise BadAttachments(f"{where}: the file name {filename!r} is used twice in this event.")
+        seen.add(filename.lower())
+        content_type = item.get("content_type") or "application/octet-stream"
+        if not isinstance(content_type, str) or len(content_type) > 255:
+            raise BadAttachments(f"{where} ({filename}): content_type must be a short string.")
+        encoded = item.get("content_base64")
+        if not isinstance(encoded, str):
+            raise BadAttachments(f"{where} ({filename}): content_base64 is missing or not a string.")
+        try:
+            data = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raise BadAttachments(f"{where} ({filename}): content_base64 is not valid base64.") from None
+        if len(data) > settings.MAX_UPLOAD_BYTES:
+            raise BodyTooLarge(
+                f"{where} ({filename}) is {len(data)} bytes; a run's input file may be at most "
+                f"{settings.MAX_UPLOAD_BYTES} bytes (MAX_UPLOAD_BYTES)."
+            )
+        decoded.append(Attachment(filename, content_type, data))
+    described = [{"filename": a.filename, "content_type": a.content_type, "size": len(a.data)} for a in decoded]
+    return decoded, {**payload, "attachments": described}
+
+
+def attachments_dir(event_id: uuid.UUID) -> Path:
+    return Path(settings.WEBHOOK_ATTACHMENTS_DIR) / str(event_id)
+
+
+def _store_attachments(event_id: uuid.UUID, attachments: list[Attachment]) -> list[dict]:
+    """Write each file (fsynced, then renamed into place) and return what the row records."""
+    if not attachments:
+        return []
+    directory = attachments_dir(event_id)
+    directory.mkdir(parents=True, exist_ok=False)
+    stored = []
+    for attachment in attachments:
+        destination = directory / attachment.filename
+        partial = destination.with_name(destination.name + ".partial")
+        with open(partial, "wb") as out:
+            out.write(attachment.data)
+            out.flush()
+            os.fsync(out.fileno())
+        partial.rename(destination)
+        stored.append(
+            {
+                "filename": attachment.filename,
+                "content_type": attachment.content_type,
+                "size": len(attachment.data),
+                "sha256": hashlib.sha256(attachment.data).hexdigest(),
+                "path": str(destination),
+            }
+        )
+    return stored
+
+
+def _kept_headers(source: WebhookSource, headers: Mapping[str, str]) -> dict[str, str]:
+    names = [*KEPT_HEADERS, *([source.message_id_header] if source.message_id_header else [])]
+    return {name: str(headers[name])[:1000] for name in names if headers.get(name) is not None}
+
+
+def event_message(source: WebhookSource, external_id: str, payload: dict) -> str:
+    """The run's message: the source's instructions, then the event as JSON."""
+    head = source.instructions.strip() or f"Handle this event from {source.name}."
+    body = json.dumps(payload, ensure_ascii=False, indent=2, sort_keys=True)
+    text = f"{head}\n\nWebhook event {external_id} from {source.name}:\n{body}"
+    files = payload.get("attachments") if source.expects_attachments else None
+    if files:
+        text += f"\n\nThe first attachment ({files[0]['filename']}) is attached to this message."
+    return text
+
+
+@dataclass(frozen=True)
+class Receipt:
+    event: WebhookEvent
+    created: bool
+
+
+def receive_event(*, source: WebhookSource, body: bytes, headers: Mapping[str, str]) -> Receipt:
+    """Verify, parse, store (attachments first, then the row) and enqueue one delivery.
+
+    Raises a WebhookRefused for a delivery that is not stored. Returns the first event (created
+    False) when the provider's message id was already received from this source.
+    """
+    if len(body) > settings.WEBHOOK_MAX_BYTES:
+        raise BodyTooLarge()
+    verify_signature(source, body, headers.get(SIGNATURE_HEADER))
+    try:
+        payload = json.loads(body)
+    except UnicodeDecodeError:
+        raise MalformedEvent("The body is not UTF-8 text: send the event as JSON.") from None
+    except json.JSONDecodeError as exc:
+        raise MalformedEvent(
+            f"The body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}."
+        ) from None
+    if not isinstance(payload, dict):
+        raise MalformedEvent("The body must be a JSON object.")
+    external_id = _message_id(source, payload, headers)
+
+    existing = WebhookEvent.objects.filter(source=source, external_id=external_id).first()
+    if existing is not None:
+        return Receipt(existing, created=False)
+
+    attachments, stored_payload = _attachments(source, payload)
+    message = event_message(source, external_id, stored_payload)
+    if len(message) > settings.MAX_MESSAGE_CHARS:
+        raise BodyTooLarge(
+            f"The event (without its attachments) makes a message of {len(message)} characters; the agent "
+            f"takes at most {settings.MAX_MESSAGE_CHARS} (MAX_MESSAGE_CHARS)."
+        )
+
+    event_id = uuid.uuid4()
+    now = timezone.now()
+    try:
+        stored = _store_attachments(event_id, attachments)
+        with transaction.atomic():
+            event = WebhookEvent.objects.create(
+                event_id=event_id,
+                source=source,
+                external_id=external_id,
+                payload=stored_payload,
+                headers=_kept_headers(source, headers),
+                attachments=stored,
+                received_at=now,
+                next_attempt_at=now,
+                enqueued_at=now,
+            )
+            # A failed enqueue must not turn a stored event into an error for the provider: the
+            # sweeper enqueues received events whose task never came.
+            transaction.on_commit(lambda: enqueue_event(event_id), robust=True)
+    except IntegrityError:
+        shutil.rmtree(attachments_dir(event_id), ignore_errors=True)
+        existing = WebhookEvent.objects.filter(source=source, external_id=external_id).first()
+        if existing is None:
+            raise
+        return Receipt(existing, created=False)
+    except BaseException:
+        shutil.rmtree(attachments_dir(event_id), ignore_errors=True)
+        raise
+    logger.info("Webhook event %s stored (source %s, message id %s)", event_id, source.slug, external_id)
+    return Receipt(event, created=True)
+
+
+def enqueue_event(event_id: uuid.UUID) -> None:
+
+    async_task("runs.tasks.process_webhook_event", str(event_id), task_name=f"webhook {event_id}", group="webhooks")

@@ -1,0 +1,46 @@
+"""What makes a webhook source's configuration usable: one rule for the admin form, the shell and fixtures.
+
+Pure (no queries), so the model's clean() can call it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agents.registry import UnknownAgentError, get_agent_spec, validate_params
+from agents.scripted import ScriptError
+
+MIN_SECRET_CHARS = 16
+
+
+def source_errors(source: Any) -> dict[str, list[str]]:
+    """What is wrong with a source's configuration, by field (empty when it is usable)."""
+    errors: dict[str, list[str]] = {}
+    spec = None
+    try:
+        spec = get_agent_spec(source.agent_name)
+    except UnknownAgentError as exc:
+        errors.setdefault("agent_name", []).append(str(exc))
+    header, field = source.message_id_header.strip(), source.message_id_field.strip()
+    if bool(header) == bool(field):
+        errors.setdefault("message_id_header", []).append(
+            "Say where the provider's message id is: a header name or a JSON field path (one of them)."
+        )
+    if field and any(not part for part in field.split(".")):
+        errors.setdefault("message_id_field", []).append(
+            "The JSON field path is dotted names, e.g. message.id (no empty parts)."
+        )
+    if not isinstance(source.params, dict):
+        errors.setdefault("params", []).append("params must be a JSON object.")
+    elif spec is not None:
+        try:
+            validate_params(spec, source.params)
+        except ScriptError as exc:
+            errors.setdefault("params", []).append(f"params.script: {exc}")
+    if not source.secret:
+        errors.setdefault("secret", []).append("Set the shared secret the provider signs each body with.")
+    elif len(source.secret) < MIN_SECRET_CHARS:
+        errors.setdefault("secret", []).append(f"The shared secret must be at least {MIN_SECRET_CHARS} characters.")
+    if not source.owner_id or not source.owner_id.strip():
+        errors.setdefault("owner_id", []).append("Say which end user the runs act for.")
+    return errors

@@ -1,0 +1,40 @@
+"""The runs app's models, one module per product; everything is importable from `runs.models`.
+
+Tables and app label are those of the single module this package grew from, so splitting it
+needed no migration.
+"""
+
+from runs.models.chat import Conversation
+from runs.models.inbox import EventStatus, WebhookEvent, WebhookSource
+from runs.models.ledger import (
+    IN_FLIGHT,
+    SETTLED,
+    AgentRun,
+    RunStatus,
+    RunStep,
+    StepStatus,
+    ToolCall,
+    ToolCallStatus,
+    Trigger,
+)
+from runs.models.schedules import FiringOutcome, RunSchedule, ScheduleFiring, ScheduleKind
+
+__all__ = [
+    "IN_FLIGHT",
+    "SETTLED",
+    "AgentRun",
+    "Conversation",
+    "EventStatus",
+    "FiringOutcome",
+    "RunSchedule",
+    "RunStatus",
+    "RunStep",
+    "ScheduleFiring",
+    "ScheduleKind",
+    "StepStatus",
+    "ToolCall",
+    "ToolCallStatus",
+    "Trigger",
+    "WebhookEvent",
+    "WebhookSource",
+]

@@ -1,0 +1,231 @@
+"""The run ledger's records: runs, their tool journal and their workflow steps."""
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued", "queued"
+    RUNNING = "running", "running"
+    SUCCESS = "success", "success"
+    ERROR = "error", "error"
+    CANCELLED = "cancelled", "cancelled"
+
+
+IN_FLIGHT = (RunStatus.QUEUED, RunStatus.RUNNING)
+SETTLED = (RunStatus.SUCCESS, RunStatus.ERROR, RunStatus.CANCELLED)
+
+
+class Trigger(models.TextChoices):
+    API = "api", "api"
+    CHAT = "chat", "chat"
+    WORKFLOW = "workflow", "workflow"
+    SCHEDULE = "schedule", "schedule"
+    WEBHOOK = "webhook", "webhook"
+
+
+class AgentRun(models.Model):
+    """One run of an agent, written down before anything executes.
+
+    The row holds everything needed to do the run again (`config` and the copied input
+    file) and the evidence of what it did (`tools_executed`, the tool journal).
+    """
+
+    run_id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    trigger = models.CharField(max_length=16, choices=Trigger.choices, default=Trigger.API)
+    agent_name = models.CharField(max_length=128)
+    owner_id = models.CharField(max_length=128)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    config = models.JSONField(help_text="The run's input: message and params. No input, no replay.")
+
+    input_file = models.CharField(max_length=500, blank=True, help_text="Path of the stored copy.")
+    input_file_name = models.CharField(max_length=255, blank=True)
+    input_file_sha256 = models.CharField(max_length=64, blank=True)
+    input_file_size = models.BigIntegerField(null=True, blank=True)
+
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    attempts = models.PositiveIntegerField(default=0)
+    error_code = models.CharField(max_length=64, blank=True)
+    error_message = models.TextField(blank=True)
+    tools_executed = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="null = unknown, [] = checked and none called, else the tools called in order.",
+    )
+    result = models.TextField(blank=True)
+
+    replay_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="replays"
+    )
+    forced = models.BooleanField(default=False)
+    forced_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    force_reason = models.TextField(blank=True)
+
+    session_id = models.CharField(max_length=128)
+    conversation_id = models.CharField(max_length=128, blank=True, db_index=True)
+
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    worker = models.CharField(max_length=255, blank=True)
+
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # What a worker reported after its run had already been settled by someone else (e.g. a
+    # reconciliation): kept beside the first verdict instead of silently overwriting it.
+    late_outcome = models.JSONField(null=True, blank=True)
+    # When the reconciliation job last enqueued this run again because it was still queued
+    # long after it was written (its task was lost); limits re-enqueueing to once a period.
+    requeued_at = models.DateTimeField(null=True, blank=True)
+    # Model-call retries that happened inside the run: [{"reason": ..., "at": ...}, ...].
+    model_retries = models.JSONField(default=list, blank=True)
+    # The inbox event this run processes (trigger `webhook`); an event keeps all its attempts.
+    webhook_event = models.ForeignKey(
+        "WebhookEvent", null=True, blank=True, on_delete=models.PROTECT, related_name="runs"
+    )
+
+    class Meta:
+        db_table = "agent_runs"
+        ordering = ["-created_at"]
+        get_latest_by = "created_at"
+        indexes = [
+            models.Index(fields=["status", "heartbeat_at"], name="run_status_heartbeat"),
+            models.Index(fields=["created_by", "created_at"], name="run_creator_created"),
+            models.Index(fields=["owner_id", "created_at"], name="run_owner_created"),
+            models.Index(fields=["status", "created_at"], name="run_status_created"),
+            models.Index(fields=["-created_at"], name="run_created_desc"),
+        ]
+        permissions = [("force_replay_agentrun", "Can force a replay that the rules refuse")]
+        constraints = [
+            # The database's own guarantee that an inbox event never has two runs in flight,
+            # whatever path started them.
+            models.UniqueConstraint(
+                fields=["webhook_event"],
+                condition=models.Q(status__in=["queued", "running"]),
+                name="run_one_in_flight_per_webhook_event",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent_name} run {self.run_id}"
+
+    @property
+    def message(self) -> str:
+        return (self.config or {}).get("message", "")
+
+    @property
+    def params(self) -> dict:
+        return (self.config or {}).get("params") or {}
+
+    @property
+    def workflow(self) -> dict | None:
+        """The workflow snapshot a workflow run executes (None for a single agent's run)."""
+        return (self.config or {}).get("workflow") or None
+
+    @property
+    def invocation_id(self) -> str:
+        return f"e-{self.run_id}"
+
+    @property
+    def is_in_flight(self) -> bool:
+        return self.status in IN_FLIGHT
+
+    @property
+    def tools_state(self) -> str:
+        if self.tools_executed is None:
+            return "unknown"
+        return "called" if self.tools_executed else "none"
+
+
+class ToolCallStatus(models.TextChoices):
+    CALLED = "called", "called (no answer yet)"
+    ANSWERED = "answered", "answered"
+    FAILED = "failed", "failed"
+
+
+class ToolCall(models.Model):
+    """The tool journal: one row per function call, written before the tool starts."""
+
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="tool_calls")
+    seq = models.PositiveIntegerField()
+    call_id = models.CharField(max_length=128)
+    tool_name = models.CharField(max_length=128)
+    args = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=16, choices=ToolCallStatus.choices, default=ToolCallStatus.CALLED)
+    called_at = models.DateTimeField(default=timezone.now)
+    answered_at = models.DateTimeField(null=True, blank=True)
+    response_summary = models.TextField(blank=True)
+
+    class Meta:
+        db_table = "tool_calls"
+        ordering = ["run", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="toolcall_run_seq"),
+            models.UniqueConstraint(fields=["run", "call_id"], name="toolcall_run_call"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool_name} ({self.status})"
+
+    @property
+    def in_doubt(self) -> bool:
+        return self.status == ToolCallStatus.CALLED and not self.run.is_in_flight
+
+
+class StepStatus(models.TextChoices):
+    RUNNING = "running", "running"
+    SUCCESS = "success", "success"
+    ERROR = "error", "error"
+    CANCELLED = "cancelled", "cancelled"
+
+
+class RunStep(models.Model):
+    """One step of a workflow run: written at step_start, updated at step_complete or step_error.
+
+    A step still `running` when its run settles is settled `cancelled` with it (the workflow
+    stopped it: a cancel, a sibling's failure, the time limit).
+    """
+
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="steps")
+    seq = models.PositiveIntegerField(help_text="Order in which the steps started.")
+    node_path = models.CharField(max_length=512, help_text="ADK's node path, e.g. support_triage@1/billing@1.")
+    step_name = models.CharField(max_length=128)
+    kind = models.CharField(max_length=16, help_text="agent, function, join or workflow.")
+    target = models.CharField(max_length=128, blank=True, help_text="The agent, function or workflow it runs.")
+    status = models.CharField(max_length=16, choices=StepStatus.choices, default=StepStatus.RUNNING)
+    attempts = models.PositiveIntegerField(default=1)
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    output_summary = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        db_table = "run_steps"
+        ordering = ["run", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "node_path"], name="runstep_run_path"),
+            models.UniqueConstraint(fields=["run", "seq"], name="runstep_run_seq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node_path} ({self.status})"
+
+    @property
+    def depth(self) -> int:
+        return max(self.node_path.count("/") - 1, 0)
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.finished_at is None:
+            return None
+        return (self.finished_at - self.started_at).total_seconds()
