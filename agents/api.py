@@ -11,8 +11,9 @@ from rest_framework.permissions import DjangoModelPermissions, IsAuthenticated
 from rest_framework.response import Response
 
 from agents import services
+from agents.demo import DEMO_WORKFLOW
 from agents.models import WorkflowDefinition
-from config.lib.api_errors import ERRORS
+from config.lib.api_errors import errors
 from config.lib.serializers import StrictCharField, StrictSerializer
 
 
@@ -31,30 +32,10 @@ class WorkflowWriteSerializer(StrictSerializer):
     graph = serializers.JSONField(help_text='{"steps": {...}, "chains": [["START", ...]]}; see the README.')
 
 
-EXAMPLE = {
-    "name": "refund_review",
-    "description": "Triage and billing look at the request, then support answers.",
-    "graph": {
-        "steps": {
-            "triage": {"agent": "triage"},
-            "billing": {"agent": "billing"},
-            "findings": {"join": True},
-            "brief": {"function": "combine_findings"},
-            "support": {"agent": "support"},
-        },
-        "chains": [["START", ["triage", "billing"], "findings", "brief", "support"]],
-    },
-}
-
-
-def _errors(*codes: int) -> dict:
-    return {code: ERRORS[code] for code in codes}
-
-
 @extend_schema_view(
     list=extend_schema(summary="List workflow definitions", responses={200: WorkflowSerializer(many=True)}),
-    retrieve=extend_schema(summary="One workflow definition", responses={200: WorkflowSerializer, **_errors(404)}),
-    destroy=extend_schema(summary="Delete a workflow definition", responses={204: None, **_errors(403, 404)}),
+    retrieve=extend_schema(summary="One workflow definition", responses={200: WorkflowSerializer, **errors(404)}),
+    destroy=extend_schema(summary="Delete a workflow definition", responses={204: None, **errors(403, 404)}),
 )
 class WorkflowViewSet(
     mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet
@@ -85,8 +66,8 @@ class WorkflowViewSet(
         description="400 with `errors.graph` naming each problem: unknown agents, functions or workflows, "
         "cycles, dangling joins, an empty graph…",
         request=WorkflowWriteSerializer,
-        responses={201: WorkflowSerializer, **_errors(400, 403)},
-        examples=[OpenApiExample("Fan-out and join", value=EXAMPLE, request_only=True)],
+        responses={201: WorkflowSerializer, **errors(400, 403)},
+        examples=[OpenApiExample("Fan-out and join", value=DEMO_WORKFLOW, request_only=True)],
     )
     def create(self, request, *args, **kwargs):
         definition = self._write(request, None)
@@ -95,7 +76,7 @@ class WorkflowViewSet(
     @extend_schema(
         summary="Replace a workflow definition",
         request=WorkflowWriteSerializer,
-        responses={200: WorkflowSerializer, **_errors(400, 403, 404)},
+        responses={200: WorkflowSerializer, **errors(400, 403, 404)},
     )
     def update(self, request, *args, **kwargs):
         definition = self._write(request, self.get_object())

@@ -35,7 +35,7 @@ class Job:
 
 
 JOBS: tuple[Job, ...] = (
-    # DESIGN §4.2: stale running runs are reconciled; runs stuck in `queued` are enqueued again.
+    # docs/architecture.md, "Runs that die": stale running runs are reconciled; runs stuck in `queued` are enqueued again.
     Job(
         name="runs.reconcile",
         func="runs.tasks.reconcile_runs",

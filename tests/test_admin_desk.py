@@ -1,4 +1,4 @@
-"""The admin support desk (DESIGN §7), driven through its URLs as logged-in support staff."""
+"""The admin support desk, driven through its URLs as logged-in support staff."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The runs API (DESIGN §6): contracts, visibility, refusals and bad input."""
+"""The runs API: contracts, visibility, refusals and bad input."""
 
 from __future__ import annotations
 

@@ -448,7 +448,7 @@ def test_a_worker_killed_mid_run_is_reconciled_within_the_stale_window(settings)
     assert run.tools_executed == ["lookup_customer", "send_email"]  # the call in flight counts
     assert "actual outcome is unknown" in run.error_message
 
-    # DESIGN §5: an error with tools listed is refused with `tools_called` (checked through the
+    # The replay rules: an error with tools listed is refused with `tools_called` (checked through the
     # replay rules themselves wherever they are part of the build).
     try:
         from runs import replay

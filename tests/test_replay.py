@@ -1,4 +1,4 @@
-"""The replay rules (DESIGN §5) and the replay service: one decision for every door."""
+"""The replay rules and the replay service: one decision for every door."""
 
 from __future__ import annotations
 

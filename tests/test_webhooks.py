@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from agents.models import AdkEvent, OutboxEmail
 from runs import lifecycle, services
-from runs.inbox import processing, receipt, signing
+from runs.inbox import attempts, processing, receipt, signing
 from runs.models import AgentRun, EventStatus, RunStatus, Trigger, WebhookEvent, WebhookSource
 from tests.helpers import BASE_DIR, LOOKUP, SAY_DONE, SEND_EMAIL, child_env, postgres_only
 
@@ -582,14 +582,14 @@ def test_four_workers_racing_over_the_same_events_start_one_run_each(enqueued, s
 def test_a_failure_while_starting_an_attempt_leaves_no_run_and_no_copy(enqueued, settings, monkeypatch):
     make_source()
     event_id = deliver({"attachments": [attachment()]}).json()["event_id"]
-    real_set = processing._set
+    real_set = attempts.update_event
 
     def failing_set(event, **fields):
         if "attempts" in fields:
             raise RuntimeError("the database went away")
         real_set(event, **fields)
 
-    monkeypatch.setattr(processing, "_set", failing_set)
+    monkeypatch.setattr(attempts, "update_event", failing_set)
     with pytest.raises(RuntimeError):
         processing.process_event(event_id=event_id)
 
@@ -598,5 +598,5 @@ def test_a_failure_while_starting_an_attempt_leaves_no_run_and_no_copy(enqueued,
     assert not inputs.exists() or list(inputs.iterdir()) == []
     event = WebhookEvent.objects.get(pk=event_id)
     assert (event.status, event.attempts, event.leased_by) == ("received", 0, "")
-    monkeypatch.setattr(processing, "_set", real_set)
+    monkeypatch.setattr(attempts, "update_event", real_set)
     assert processing.process_event(event_id=event_id) == EventStatus.DONE

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils.functional import cached_property
 from django.utils.http import url_has_allowed_host_and_scheme
 
@@ -56,6 +58,36 @@ class CappedCountPaginator(Paginator):
         counted = self.object_list.order_by().values("pk")[: self.cap + 1].count()
         self.capped = counted > self.cap
         return min(counted, self.cap)
+
+
+class PrimaryKeySearchMixin:
+    """A full id is the most common search and has its own index: it never scans the text columns."""
+
+    def get_search_results(self, request, queryset, search_term):
+        try:
+            key = uuid.UUID(search_term.strip())
+        except ValueError:
+            return super().get_search_results(request, queryset, search_term)
+        return queryset.filter(pk=key), False
+
+
+@dataclass(frozen=True)
+class ObjectButton:
+    """A button on an object's page that runs one admin action on that object alone."""
+
+    action: str
+    label: str
+    element_id: str
+
+
+def object_buttons(modeladmin: Any, buttons: list[ObjectButton]) -> dict:
+    """The change form's context for `admin/object_buttons.html`: each button posts its action."""
+    opts = modeladmin.opts
+    return {
+        "object_buttons": buttons,
+        "changelist_url": reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist"),
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+    }
 
 
 def safe_next(request: HttpRequest) -> str | None:

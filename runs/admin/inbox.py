@@ -7,13 +7,11 @@ rules, one message per event. Forcing needs the same permission as forcing a rep
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 
 from django import forms
 from django.conf import settings
 from django.contrib import admin
-from django.contrib.admin import helpers
 from django.contrib.admin.utils import unquote
 from django.db.models import Prefetch
 from django.http import FileResponse, Http404
@@ -23,16 +21,19 @@ from django.utils.html import format_html, format_html_join
 from agents.registry import AGENTS
 from config.lib.admin import (
     CappedCountPaginator,
+    ObjectButton,
+    PrimaryKeySearchMixin,
     ReadOnlyAdminMixin,
     ReasonedAction,
     act_on_each,
     back,
     confirm_with_reason,
+    object_buttons,
 )
 from runs import replay as rules
 from runs import services
 from runs.admin.actions import called_tools, change_url, journal_rows
-from runs.inbox import desk, processing, refusals, sources
+from runs.inbox import attempts, desk, refusals, sources
 from runs.models import AgentRun, WebhookEvent, WebhookSource
 
 # --- Sources ---------------------------------------------------------------------------------------
@@ -141,7 +142,7 @@ def force_rows(events) -> list[dict]:
     """For each event: its last run, what that run already called, and what forcing would do."""
     rows = []
     for event in events:
-        run = processing.last_run(event)
+        run = attempts.last_run(event)
         row = {"event": event, "url": reverse("admin:runs_webhookevent_change", args=[event.pk]), "run": run,
                "tools": None, "journal": [], "blocked": "", "overrides": ""}
         if event.status == "processing":
@@ -214,7 +215,7 @@ def stored_attachment_path(entry: dict) -> Path | None:
 
 
 @admin.register(WebhookEvent)
-class WebhookEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class WebhookEventAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     """Records, not forms: the desk's actions are the only way to act on an event."""
 
     list_display = ["short_id", "status", "source", "external_id", "attempts", "next_attempt_at",
@@ -252,13 +253,6 @@ class WebhookEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                                      "error_code").order_by("created_at")
         return super().get_queryset(request).prefetch_related(Prefetch("runs", queryset=runs))
 
-    def get_search_results(self, request, queryset, search_term):
-        try:
-            event_id = uuid.UUID(search_term.strip())
-        except ValueError:
-            return super().get_search_results(request, queryset, search_term)
-        return queryset.filter(event_id=event_id), False
-
     def get_urls(self):
         info = self.opts.app_label, self.opts.model_name
         custom = [
@@ -285,13 +279,11 @@ class WebhookEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         extra_context = dict(extra_context or {})
-        extra_context.update(
-            can_force=self.has_force_replay_permission(request),
-            event_buttons=[("retry_now", "Retry now", False), ("force_reprocess", "Force reprocess…", True),
-                           ("mark_resolved", "Mark resolved", False)],
-            changelist_url=reverse("admin:runs_webhookevent_changelist"),
-            action_checkbox_name=helpers.ACTION_CHECKBOX_NAME,
-        )
+        buttons = [ObjectButton("retry_now", "Retry now", "retry_now-button")]
+        if self.has_force_replay_permission(request):
+            buttons.append(ObjectButton("force_reprocess", "Force reprocess…", "force_reprocess-button"))
+        buttons.append(ObjectButton("mark_resolved", "Mark resolved", "mark_resolved-button"))
+        extra_context.update(object_buttons(self, buttons))
         return super().change_view(request, object_id, form_url, extra_context)
 
     @admin.display(description="event", ordering="event_id")

@@ -1,15 +1,19 @@
 """The run ledger in the admin: the run list and the run page (records, never forms)."""
 
-import uuid
 
 from django.contrib import admin, messages
-from django.contrib.admin import helpers
 from django.contrib.admin.utils import unquote
 from django.db.models import OuterRef, Subquery
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from config.lib.admin import CappedCountPaginator, ReadOnlyAdminMixin
+from config.lib.admin import (
+    CappedCountPaginator,
+    ObjectButton,
+    PrimaryKeySearchMixin,
+    ReadOnlyAdminMixin,
+    object_buttons,
+)
 from runs import reconcile, services, timeline
 from runs.admin import actions, run_page
 from runs.admin.filters import AgentFilter, StaleRunningFilter, ToolsStateFilter
@@ -32,7 +36,7 @@ class ToolCallInline(ReadOnlyAdminMixin, admin.TabularInline):
 
 
 @admin.register(AgentRun)
-class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     change_form_template = "admin/runs/agentrun/change_form.html"
     list_display = [
         "short_id",
@@ -124,14 +128,6 @@ class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         latest_replay = AgentRun.objects.filter(replay_of=OuterRef("pk")).order_by("-created_at").values("pk")[:1]
         return super().get_queryset(request).annotate(latest_replay_id=Subquery(latest_replay))
 
-    def get_search_results(self, request, queryset, search_term):
-        # A run id is the most common search and has its own index: don't scan error texts for it.
-        try:
-            run_id = uuid.UUID(search_term.strip())
-        except ValueError:
-            return super().get_search_results(request, queryset, search_term)
-        return queryset.filter(run_id=run_id), False
-
     def has_force_replay_permission(self, request, obj=None):
         return services.can_force_replay(request.user)
 
@@ -155,11 +151,18 @@ class AgentRunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                 replay_chain=run_page.replay_chain(run),
                 decision=run_page.decision_now(run),
                 can_force=self.has_force_replay_permission(request),
-                changelist_url=reverse("admin:runs_agentrun_changelist"),
-                action_checkbox_name=helpers.ACTION_CHECKBOX_NAME,
+                **object_buttons(self, self.page_buttons(request, run)),
                 **run_page.workflow_steps_context(run),
             )
         return super().change_view(request, object_id, form_url, extra_context)
+
+    def page_buttons(self, request, run: AgentRun) -> list[ObjectButton]:
+        buttons = [ObjectButton("replay_selected", "Replay", "replay-button")]
+        if self.has_force_replay_permission(request):
+            buttons.append(ObjectButton("force_replay_selected", "Force replay…", "force-replay-button"))
+        if run.is_in_flight:
+            buttons.append(ObjectButton("cancel_selected", "Cancel run", "cancel-button"))
+        return buttons
 
     # --- Columns and fields ---
 

@@ -16,7 +16,7 @@ from config.lib.refusals import Refusal
 from runs import reconcile, services
 from runs import replay as rules
 from runs.inbox import receipt
-from runs.inbox.processing import _set, _start_attempt, files_follow_transaction, last_run
+from runs.inbox.attempts import files_follow_transaction, last_run, start_attempt, update_event
 from runs.inbox.refusals import EventClosed, EventInFlight, EventNotFound, NothingToResolve
 from runs.models import AgentRun, EventStatus, WebhookEvent
 
@@ -34,7 +34,7 @@ def _locked_event(event_id: Any) -> WebhookEvent:
 
 def _hand_to_worker(event: WebhookEvent, now: datetime) -> None:
     """The run is written; a worker executes it: the lease is left expired so the task can claim it."""
-    _set(event, status=EventStatus.PROCESSING, lease_expires_at=now, leased_by="", enqueued_at=now,
+    update_event(event, status=EventStatus.PROCESSING, lease_expires_at=now, leased_by="", enqueued_at=now,
          next_attempt_at=None)
     event_id = event.event_id
     transaction.on_commit(lambda: receipt.enqueue_event(event_id), robust=True)
@@ -66,7 +66,7 @@ def retry_event(event_id: Any, *, actor: Any) -> AgentRun:
             decision = rules.decide(previous, force=False)
             if decision.refusal is not None:
                 raise decision.refusal
-        run = _start_attempt(event, previous=previous, now=now)
+        run = start_attempt(event, previous=previous, now=now)
         if run is None:
             raise Refusal(event.last_error)
         _hand_to_worker(event, now)
@@ -95,7 +95,7 @@ def force_reprocess_event(event_id: Any, *, actor: Any, reason: str) -> AgentRun
         if not overridden and event.status in {EventStatus.DONE, EventStatus.RESOLVED}:
             overridden = f"event_{event.status}"
         forced = bool(overridden)
-        run = _start_attempt(
+        run = start_attempt(
             event, previous=previous, now=now, forced_by=actor if forced else None, force_reason=reason if forced else ""
         )
         if run is None:
@@ -119,7 +119,7 @@ def resolve_event(event_id: Any, *, actor: Any) -> WebhookEvent:
         if event.status in {EventStatus.DONE, EventStatus.RESOLVED}:
             raise NothingToResolve(event.get_status_display())
         was = event.get_status_display()
-        _set(event, status=EventStatus.RESOLVED, lease_expires_at=None, leased_by="", next_attempt_at=None,
+        update_event(event, status=EventStatus.RESOLVED, lease_expires_at=None, leased_by="", next_attempt_at=None,
              finished_at=now, resolved_by=actor if getattr(actor, "is_authenticated", False) else None)
         _log(actor, event, CHANGE, f"Marked resolved (it was {was}).")
     return event

@@ -30,30 +30,25 @@ transition is conditional on the event's state under its row lock, so doing it t
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import logging
-import shutil
 import threading
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
 from django.db import close_old_connections, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from config.lib.refusals import Refusal
-from runs import executor, lifecycle, reconcile, services
+from runs import executor, lifecycle, reconcile
 from runs import replay as rules
 from runs.inbox import receipt
+from runs.inbox.attempts import files_follow_transaction, last_run, start_attempt, update_event
 from runs.inbox.refusals import REVIEW_HINT, event_wording
-from runs.models import AgentRun, EventStatus, RunStatus, Trigger, WebhookEvent
+from runs.models import AgentRun, EventStatus, RunStatus, WebhookEvent
 from runs.refusals import ReplayRefused, ToolsCalled, ToolsUnknown
 
 logger = logging.getLogger(__name__)
@@ -74,16 +69,6 @@ def claimable_q(now: datetime) -> Q:
         | Q(status=EventStatus.RETRY_WAIT, next_attempt_at__lte=now)
         | Q(status=EventStatus.PROCESSING, lease_expires_at__lt=now)
     )
-
-
-def last_run(event: WebhookEvent) -> AgentRun | None:
-    return AgentRun.objects.filter(webhook_event=event).order_by("-created_at").first()
-
-
-def _set(event: WebhookEvent, **fields: Any) -> None:
-    for key, value in fields.items():
-        setattr(event, key, value)
-    WebhookEvent.objects.filter(pk=event.pk).update(**fields)
 
 
 def _short(run: AgentRun) -> str:
@@ -110,108 +95,11 @@ def _run_failure(run: AgentRun) -> str:
     return f"{run.error_code or run.status}: {run.error_message or 'no message'}"
 
 
-class AttachmentGone(Exception):
-    pass
-
-
-def _open_input(event: WebhookEvent):
-    """The first stored attachment, checked against its recorded digest, as (handle, name)."""
-    if not event.attachments:
-        return None, None
-    first = event.attachments[0]
-    path = Path(first["path"])
-    try:
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        raise AttachmentGone(f"The stored copy of the attachment “{first['filename']}” is gone from disk.") from None
-    if digest != first["sha256"]:
-        raise AttachmentGone(f"The stored copy of the attachment “{first['filename']}” no longer matches what was received.")
-    return path.open("rb"), first["filename"]
-
-
-def _start_attempt(
-    event: WebhookEvent,
-    *,
-    previous: AgentRun | None,
-    now: datetime,
-    forced_by: Any = None,
-    force_reason: str = "",
-) -> AgentRun | None:
-    """Start the event's next run (under its row lock); None, with the event in review, if it cannot."""
-    source = event.source
-    handle = None
-    try:
-        handle, file_name = _open_input(event)
-        run = services.start_run(
-            agent_name=source.agent_name,
-            message=receipt.event_message(source, event.external_id, event.payload),
-            owner_id=source.owner_id,
-            params=source.params,
-            file=handle,
-            file_name=file_name,
-            trigger=Trigger.WEBHOOK,
-            enqueue=False,
-        )
-    except ValidationError as exc:
-        problems = "; ".join(f"{field}: {' '.join(msgs)}" for field, msgs in exc.message_dict.items())
-        _set(event, status=EventStatus.NEEDS_REVIEW, last_error=(
-            f"No run could be started from this event with the source's current settings ({problems}). "
-            "Fix the source, then use “Retry now”."
-        ), lease_expires_at=None, leased_by="", finished_at=None)
-        return None
-    except AttachmentGone as exc:
-        _set(event, status=EventStatus.NEEDS_REVIEW, last_error=f"{exc} The event cannot be processed as received.",
-             lease_expires_at=None, leased_by="", finished_at=None)
-        return None
-    finally:
-        if handle is not None:
-            handle.close()
-    if run.input_file:
-        # Files are not transactional: if the event's transaction rolls back, the caller removes it.
-        _track_run_dir(services.run_inputs_dir(run.run_id))
-    links = dict(
-        webhook_event=event,
-        replay_of=previous,
-        forced=forced_by is not None,
-        forced_by=forced_by,
-        force_reason=force_reason,
-    )
-    AgentRun.objects.filter(pk=run.pk).update(**links)
-    for key, value in links.items():
-        setattr(run, key, value)
-    _set(event, status=EventStatus.PROCESSING, attempts=event.attempts + 1, finished_at=None)
-    logger.info("Webhook event %s: attempt %d is run %s", event.event_id, event.attempts, run.run_id)
-    return run
-
-
-# Input copies made by runs started inside the current transaction (one list per thread).
-_local = threading.local()
-
-
-def _track_run_dir(path: Path) -> None:
-    if hasattr(_local, "dirs"):
-        _local.dirs.append(path)
-
-
-@contextlib.contextmanager
-def files_follow_transaction() -> Iterator[None]:
-    """Around a transaction that may start runs: their input copies are removed if it fails."""
-    _local.dirs = []
-    try:
-        yield
-    except BaseException:
-        for path in _local.dirs:
-            shutil.rmtree(path, ignore_errors=True)
-        raise
-    finally:
-        del _local.dirs
-
-
 def _advance(event: WebhookEvent, *, was: str, now: datetime) -> uuid.UUID | None:
     """Move a leased event on from what its last run says; return the run this worker must execute."""
     previous = last_run(event)
     if previous is None:
-        run = _start_attempt(event, previous=None, now=now)
+        run = start_attempt(event, previous=None, now=now)
         return run.run_id if run is not None else None
 
 
@@ -223,7 +111,7 @@ def _advance(event: WebhookEvent, *, was: str, now: datetime) -> uuid.UUID | Non
         # Its worker is alive (the heartbeat is fresh): look again when this lease runs out.
         return None
     if previous.status == RunStatus.SUCCESS:
-        _set(event, status=EventStatus.DONE, last_error="", lease_expires_at=None, leased_by="", finished_at=now)
+        update_event(event, status=EventStatus.DONE, last_error="", lease_expires_at=None, leased_by="", finished_at=now)
         return None
 
     decision = rules.decide(previous, force=False)
@@ -232,17 +120,17 @@ def _advance(event: WebhookEvent, *, was: str, now: datetime) -> uuid.UUID | Non
         if refusal.code in {"run_in_flight", "replay_in_flight"}:
             return None
         if refusal.code in {"run_succeeded", "already_replayed"}:
-            _set(event, status=EventStatus.DONE, last_error=event_wording(refusal),
+            update_event(event, status=EventStatus.DONE, last_error=event_wording(refusal),
                  lease_expires_at=None, leased_by="", finished_at=now)
             return None
-        _set(event, status=EventStatus.NEEDS_REVIEW, last_error=review_message(event, previous, refusal),
+        update_event(event, status=EventStatus.NEEDS_REVIEW, last_error=review_message(event, previous, refusal),
              lease_expires_at=None, leased_by="", next_attempt_at=None, finished_at=None)
         logger.warning("Webhook event %s needs review: %s", event.event_id, event.last_error)
         return None
 
     # The previous attempt provably touched nothing: it may be retried.
     if event.attempts >= settings.WEBHOOK_MAX_ATTEMPTS:
-        _set(event, status=EventStatus.DEAD, lease_expires_at=None, leased_by="", next_attempt_at=None,
+        update_event(event, status=EventStatus.DEAD, lease_expires_at=None, leased_by="", next_attempt_at=None,
              finished_at=now, last_error=(
                  f"Gave up after {event.attempts} attempts (WEBHOOK_MAX_ATTEMPTS="
                  f"{settings.WEBHOOK_MAX_ATTEMPTS}), none of which called a tool. The last one (run "
@@ -251,11 +139,11 @@ def _advance(event: WebhookEvent, *, was: str, now: datetime) -> uuid.UUID | Non
         logger.warning("Webhook event %s is dead: %s", event.event_id, event.last_error)
         return None
     if was == EventStatus.RETRY_WAIT:
-        run = _start_attempt(event, previous=previous, now=now)
+        run = start_attempt(event, previous=previous, now=now)
         return run.run_id if run is not None else None
     delay = retry_delay(event.attempts)
     due = now + timedelta(seconds=delay)
-    _set(event, status=EventStatus.RETRY_WAIT, next_attempt_at=due, lease_expires_at=None, leased_by="",
+    update_event(event, status=EventStatus.RETRY_WAIT, next_attempt_at=due, lease_expires_at=None, leased_by="",
          enqueued_at=None, last_error=(
              f"Attempt {event.attempts} (run {_short(previous)}) failed with {_run_failure(previous)} "
              f"It called no tool, so it is retried in {delay} s."

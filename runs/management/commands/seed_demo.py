@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand
 
+from agents.demo import DEMO_WORKFLOW
 from agents.models import Customer, WorkflowDefinition
 from agents.services import save_workflow
 from runs import executor, services
@@ -34,25 +35,6 @@ DEMO_RUNS = [
         ],
     ),
 ]
-
-
-DEMO_WORKFLOW = {
-    "name": "refund_review",
-    "description": (
-        "Triage and billing look at the request side by side (read-only), their findings are joined "
-        "into one brief, and the support agent answers the customer with it."
-    ),
-    "graph": {
-        "steps": {
-            "triage": {"agent": "triage"},
-            "billing": {"agent": "billing"},
-            "findings": {"join": True},
-            "brief": {"function": "combine_findings"},
-            "support": {"agent": "support", "retry": {"max_attempts": 2, "initial_delay": 2}},
-        },
-        "chains": [["START", ["triage", "billing"], "findings", "brief", "support"]],
-    },
-}
 
 
 def ensure_demo_workflow() -> tuple[WorkflowDefinition, bool]:
