@@ -41,7 +41,7 @@ SEND_EMAIL = {"call": "send_email", "args": EMAIL_ARGS}
 # What the child does before it dies. `KILL` is the SIGKILL every point ends with.
 _PRELUDE = """
 import json, os, signal
-from runs import executor, services
+from runs import executor, lifecycle, services
 KILL = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
 SCRIPT = json.loads({script!r})
 """
@@ -118,7 +118,7 @@ ScriptedLlm.generate_content_async = die_on_second_call
         "label": "after the final answer, before the run is settled",
         "script": [SEND_EMAIL, SAY_DONE],
         "hook": """
-services.settle_run = KILL
+lifecycle.settle_run = KILL
 """ + _START_AND_EXECUTE,
         "effect": True,
     },
