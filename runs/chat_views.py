@@ -14,7 +14,6 @@ the stream are JSON `{"code", "detail", ...}` with 400, 401, 403, 404, 405, 409 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any
 
@@ -26,8 +25,11 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication, get_authorization_header
 
+from config.lib import safe_json
+from config.lib.throttles import CHAT_TURN, throttle_wait
 from runs import chat
 from runs.models import AgentRun
+from runs.refusals import Refusal
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +59,11 @@ async def authenticate(request: HttpRequest):
 
 def _parse(request: HttpRequest) -> dict:
     try:
-        body = json.loads(request.body or b"")
-    except (ValueError, UnicodeDecodeError):
-        raise ValidationError({"body": "The body must be a JSON object (Content-Type: application/json)."}) from None
+        body = safe_json.loads(request.body or b"")
+    except safe_json.UnsafeInput as exc:
+        raise ValidationError(
+            {"body": f"The body must be a JSON object (Content-Type: application/json). {exc}"}
+        ) from None
     if not isinstance(body, dict):
         raise ValidationError({"body": "The body must be a JSON object."})
     unknown = sorted(set(body) - FIELDS)
@@ -134,6 +138,11 @@ async def chat_turn(request: HttpRequest):
     except drf_exceptions.APIException as exc:
         code = exc.get_codes()
         return refusal(exc.status_code, code if isinstance(code, str) else exc.default_code, str(exc.detail))
+    wait = await sync_to_async(throttle_wait)(scope=CHAT_TURN, request=request, user=user)
+    if wait is not None:
+        response = refusal(429, "throttled", f"Too many chat turns: try again in {int(wait + 0.999)} seconds.")
+        response["Retry-After"] = str(int(wait + 0.999))
+        return response
     try:
         body = _parse(request)
     except ValidationError as exc:
@@ -164,7 +173,7 @@ async def chat_turn(request: HttpRequest):
         raise
     except ValidationError as exc:
         return _invalid(exc)
-    except chat.ChatRefusal as exc:
+    except (chat.ChatRefusal, Refusal) as exc:
         return refusal(exc.status, exc.code, exc.detail, **exc.context)
 
     turn = chat.ChatTurn(run)

@@ -16,6 +16,8 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.reverse import reverse
 
+from config.lib.safe_json import StrictJSONParser
+from config.lib.throttles import REPLAY, START_RUN, ScopedUserRateThrottle
 from runs import reconcile, services, timeline
 from runs.api.exceptions import InvalidCursor, RequestTooLarge
 from runs.api.serializers import (
@@ -40,7 +42,7 @@ def _content_length(meta) -> int:
         return 0
 
 
-class BoundedJSONParser(parsers.JSONParser):
+class BoundedJSONParser(StrictJSONParser):
     """DRF reads a JSON body from the stream with no limit of its own: read at most the limit."""
 
     def parse(self, stream, media_type=None, parser_context=None):
@@ -122,6 +124,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     serializer_class = RunSerializer
     pagination_class = RunCursorPagination
     parser_classes = [BoundedJSONParser, parsers.FormParser, BoundedMultiPartParser]
+    throttle_classes = [ScopedUserRateThrottle]
+    throttle_scopes = {"create": START_RUN, "replay": REPLAY}
     lookup_field = "run_id"
     lookup_value_regex = "[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}"
     queryset = AgentRun.objects.none()  # for the schema; get_queryset applies visibility
