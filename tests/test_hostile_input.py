@@ -128,7 +128,9 @@ def test_a_hostile_message_is_a_400(api, message):
 
 def test_a_lone_surrogate_never_reaches_the_ledger_so_the_list_keeps_answering(api, alice):
     make_run(created_by=alice, tools=[])
-    refused(post_run(api, b'{"agent": "support", "owner_id": "jane", "message": "\\udc00 refund?"}'))
+    # DRF's CharField already refuses a surrogate in `message`; in params it used to be stored, and
+    # from then on rendering the list failed for everyone.
+    refused(post_run(api, _params('{"note": "\\udc00 refund?"}')))
     listing = api.get("/api/runs/")
     assert listing.status_code == 200
     assert len(listing.json()["results"]) == 1
@@ -238,8 +240,10 @@ def test_a_nul_in_an_admin_search_is_a_400(admin_client):
         b'{"agent": "support", "owner_id": "jane", "message": "hi", "params": {"x": 1e309}}',
         b'{"agent": "support", "owner_id": "jane", "message": "hi \\ud800"}',
         b'{"agent": "support", "owner_id": "jane", "message": "hi", "params": {"x": "\\u0000"}}',
-        b'{"agent": "support", "owner_id": "jane", "message": "hi", "params": {"script": [{"call": "send_email", '
-        b'"args": {"to": "\\u0000"}}]}}',
+        (
+            b'{"agent": "support", "owner_id": "jane", "message": "hi", "params": {"script": [{"call": "send_email", '
+            b'"args": {"to": "\\u0000"}}]}}'
+        ),
         DEEP.encode(),
     ],
     ids=["nested params", "NaN", "1e309", "lone surrogate", "NUL", "NUL in tool args", "nested body"],

@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Self
 
 import httpx
 import pytest
@@ -93,7 +94,7 @@ class SpoolWatch:
             except FileNotFoundError:
                 continue
 
-    def __enter__(self) -> SpoolWatch:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -213,7 +214,7 @@ def test_a_chunked_chat_turn_over_the_limit_is_refused(server):
 
 
 def test_a_body_within_the_limit_still_reaches_the_app(server):
-    status, body, sent = _stream_chunked(server, "/api/runs/", total=2 * 65536)
+    status, _body, _sent = _stream_chunked(server, "/api/runs/", total=2 * 65536)
     assert status == 413  # two chunks of 64 KiB are over a 64 KiB limit
     response = httpx.post(f"http://127.0.0.1:{server}/api/runs/", json={"agent": "support"}, timeout=10)
     assert response.status_code == 401  # under the limit: Django answers (no credentials)
@@ -312,8 +313,7 @@ def test_runs_in_flight_per_user_are_capped(as_alice, alice, bob, settings, no_w
     # Settled runs do not count, and nor do other users' runs.
     AgentRun.objects.filter(created_by=alice).update(status=RunStatus.CANCELLED)
     assert as_alice.post("/api/runs/", RUN, format="json").status_code == 202
-    assert services.start_run(**{"agent_name": "support", "message": "hi", "owner_id": "x"}, created_by=bob,
-                              enqueue=False)
+    assert services.start_run(agent_name="support", message="hi", owner_id="x", created_by=bob, enqueue=False)
 
 
 def test_open_chat_streams_per_user_are_capped(alice, alice_token, settings):

@@ -21,6 +21,7 @@ from django.conf import settings
 from django.core import signals
 from django.http import HttpRequest, JsonResponse
 from django.utils.deprecation import MiddlewareMixin
+from django.utils.functional import LazyObject
 from django.views.debug import SafeExceptionReporterFilter
 
 from config.lib.redact import redact
@@ -34,6 +35,8 @@ INTERNAL_ERROR = {
 
 
 def _redacted(value: Any) -> Any:
+    if isinstance(value, LazyObject):
+        return value  # a lazy object claims its target's class; it is not a string to rewrite
     if isinstance(value, str):
         return redact(value)
     if isinstance(value, dict):
