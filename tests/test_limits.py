@@ -7,11 +7,13 @@ raw sockets, because the point is what the server reads, not what a view answers
 from __future__ import annotations
 
 import json
+import os
 import select
 import socket
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
@@ -30,6 +32,12 @@ from tests.helpers import BASE_DIR, SAY_DONE, SEND_EMAIL, child_env, run_python,
 pytestmark = pytest.mark.django_db(transaction=True)
 
 LIMIT = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Server:
+    port: int
+    pid: int
 
 
 def _free_port() -> int:
@@ -66,7 +74,7 @@ def server(django_db_setup, tmp_path_factory, spool_dir):
                 process.kill()
                 pytest.fail(f"the server did not start:\n{log_path.read_text()[-3000:]}")
             time.sleep(0.2)
-    yield port
+    yield Server(port, process.pid)
     process.terminate()
     try:
         process.wait(timeout=15)
@@ -75,22 +83,31 @@ def server(django_db_setup, tmp_path_factory, spool_dir):
         process.wait()
 
 
-def _dir_bytes(path: Path) -> int:
-    return sum(file.stat().st_size for file in path.rglob("*") if file.is_file())
+def _spooled_bytes(pid: int, path: Path) -> int:
+    """Bytes in files under `path` that process `pid` holds open (temporary files have no name in
+    the directory, so the process's open files are what shows them)."""
+    total = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            if os.readlink(fd).startswith(str(path)):
+                total += os.stat(fd).st_size
+        except OSError:
+            continue
+    return total
 
 
 class SpoolWatch:
-    """Samples the server's temp directory while a request streams in."""
+    """Samples what the server has spooled to its temp directory while a request streams in."""
 
-    def __init__(self, path: Path):
-        self.path, self.peak = path, 0
+    def __init__(self, server: Server, path: Path):
+        self.pid, self.path, self.peak = server.pid, path, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(0.01):
             try:
-                self.peak = max(self.peak, _dir_bytes(self.path))
+                self.peak = max(self.peak, _spooled_bytes(self.pid, self.path))
             except FileNotFoundError:
                 continue
 
@@ -173,8 +190,8 @@ def _declared(port: int, path: str, *, length: int, headers: str = "") -> tuple[
 
 
 def test_a_declared_gigabyte_to_an_unknown_webhook_is_refused_without_reading_it(server, spool_dir):
-    with SpoolWatch(spool_dir) as watch:
-        status, body, seconds = _declared(server, "/api/webhooks/nonexistent/", length=1024**3)
+    with SpoolWatch(server, spool_dir) as watch:
+        status, body, seconds = _declared(server.port, "/api/webhooks/nonexistent/", length=1024**3)
     assert status == 413
     assert body["code"] == "body_too_large"
     assert f"{LIMIT} bytes (WEBHOOK_MAX_BYTES)" in body["detail"]
@@ -183,8 +200,8 @@ def test_a_declared_gigabyte_to_an_unknown_webhook_is_refused_without_reading_it
 
 
 def test_a_chunked_body_to_a_webhook_is_cut_off_past_the_limit(server, spool_dir):
-    with SpoolWatch(spool_dir) as watch:
-        status, body, sent = _stream_chunked(server, "/api/webhooks/nonexistent/", total=256 * 1024 * 1024)
+    with SpoolWatch(server, spool_dir) as watch:
+        status, body, sent = _stream_chunked(server.port, "/api/webhooks/nonexistent/", total=256 * 1024 * 1024)
     assert status == 413
     assert body["code"] == "body_too_large"
     # The server stopped reading about at the limit; what the client got out before it heard the
@@ -195,12 +212,12 @@ def test_a_chunked_body_to_a_webhook_is_cut_off_past_the_limit(server, spool_dir
 
 def test_an_anonymous_upload_of_200_megabytes_is_refused_before_authentication(server, spool_dir):
     multipart = "Content-Type: multipart/form-data; boundary=x\r\n"
-    status, body, seconds = _declared(server, "/api/runs/", length=200 * 1024 * 1024, headers=multipart)
+    status, body, seconds = _declared(server.port, "/api/runs/", length=200 * 1024 * 1024, headers=multipart)
     assert (status, body["code"]) == (413, "request_too_large")
     assert "MAX_UPLOAD_BYTES" in body["detail"]
     assert seconds < 5
-    with SpoolWatch(spool_dir) as watch:
-        status, body, sent = _stream_chunked(server, "/api/runs/", total=200 * 1024 * 1024)
+    with SpoolWatch(server, spool_dir) as watch:
+        status, body, sent = _stream_chunked(server.port, "/api/runs/", total=200 * 1024 * 1024)
     assert (status, body["code"]) == (413, "request_too_large")
     assert "MAX_REQUEST_BODY_BYTES" in body["detail"]
     assert sent < 16 * 1024 * 1024
@@ -208,15 +225,15 @@ def test_an_anonymous_upload_of_200_megabytes_is_refused_before_authentication(s
 
 
 def test_a_chunked_chat_turn_over_the_limit_is_refused(server):
-    status, body, sent = _stream_chunked(server, "/api/chat/", total=64 * 1024 * 1024)
+    status, body, sent = _stream_chunked(server.port, "/api/chat/", total=64 * 1024 * 1024)
     assert (status, body["code"]) == (413, "too_large")
     assert sent < 16 * 1024 * 1024
 
 
 def test_a_body_within_the_limit_still_reaches_the_app(server):
-    status, _body, _sent = _stream_chunked(server, "/api/runs/", total=2 * 65536)
+    status, _body, _sent = _stream_chunked(server.port, "/api/runs/", total=2 * 65536)
     assert status == 413  # two chunks of 64 KiB are over a 64 KiB limit
-    response = httpx.post(f"http://127.0.0.1:{server}/api/runs/", json={"agent": "support"}, timeout=10)
+    response = httpx.post(f"http://127.0.0.1:{server.port}/api/runs/", json={"agent": "support"}, timeout=10)
     assert response.status_code == 401  # under the limit: Django answers (no credentials)
 
 
@@ -398,12 +415,12 @@ def test_a_crash_fault_never_kills_a_web_process():
 def test_the_live_web_server_survives_a_chat_turn_that_asks_for_a_crash(server, alice_token):
     crash = dict(SEND_EMAIL, crash="before_effect")
     response = httpx.post(
-        f"http://127.0.0.1:{server}/api/chat/",
+        f"http://127.0.0.1:{server.port}/api/chat/",
         json={"agent": "support", "owner_id": "jane", "message": "hi", "params": script_params(crash, SAY_DONE)},
         headers={"Authorization": f"Token {alice_token}"}, timeout=30,
     )
     assert response.status_code == 400
-    assert httpx.get(f"http://127.0.0.1:{server}/admin/login/", timeout=5).status_code == 200
+    assert httpx.get(f"http://127.0.0.1:{server.port}/admin/login/", timeout=5).status_code == 200
 
 
 def test_scripts_from_api_users_are_refused_unless_allowed(as_alice, alice_token, settings, no_worker):
