@@ -17,8 +17,11 @@ install: $(VENV)/.installed
 migrate: install
 	$(PY) manage.py migrate --noinput
 
-# Demo defaults: DEBUG on (scripted tool faults allowed), everything else from the environment.
+# Demo defaults: DEBUG on (a development key), scripted tool faults and user scripts allowed;
+# everything else from the environment.
 run: export DEBUG ?= true
+run: export SCRIPTED_FAULTS_ENABLED ?= true
+run: export SCRIPTS_FROM_USERS_ALLOWED ?= true
 run: migrate
 	$(PY) manage.py setup_schedules
 	$(PY) manage.py ensure_admin
@@ -47,6 +50,15 @@ $(VENV)/.bench-installed: $(VENV)/.installed bench/requirements.txt
 	touch $@
 
 bench: export DATABASE_URL = $(BENCH_DATABASE_URL)
+# The benchmarks drive one user hard on purpose: no request rates or in-flight caps apply there.
+bench: export SECRET_KEY ?= bench-only-not-a-secret-0000000000000000000000000000
+bench: export SCRIPTED_FAULTS_ENABLED ?= true
+bench: export SCRIPTS_FROM_USERS_ALLOWED ?= true
+bench: export THROTTLE_RUNS_START ?= off
+bench: export THROTTLE_REPLAYS ?= off
+bench: export THROTTLE_CHAT_TURNS ?= off
+bench: export MAX_RUNS_IN_FLIGHT_PER_USER ?= 0
+bench: export MAX_CHAT_STREAMS_PER_USER ?= 0
 bench: export BENCH_POSTGRES = $(patsubst %/,%,$(dir $(BENCH_DATABASE_URL)))
 bench: $(VENV)/.bench-installed
 	mkdir -p bench/results

@@ -69,3 +69,22 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if value is None:
         return default
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+_RATE_PERIODS = {"s", "sec", "second", "m", "min", "minute", "h", "hour", "d", "day"}
+
+
+def env_rate(name: str, default: str | None) -> str | None:
+    """A request rate such as `60/min` (DRF's form: N per s, min, hour or day); `off` for none."""
+    value = _raw(name)
+    if value is None or value == "":
+        return default
+    if value.lower() in {"off", "none"}:
+        return None
+    count, _, period = value.partition("/")
+    if not count.isdigit() or int(count) < 1 or period.lower() not in _RATE_PERIODS:
+        raise ImproperlyConfigured(
+            f"{name}={value!r} is not a rate: write requests per period, e.g. 60/min, 1000/hour or 5/s (or off)."
+        )
+    return f"{int(count)}/{period.lower()}"
+

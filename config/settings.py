@@ -4,14 +4,15 @@ The README lists each variable with its default. A bad value raises ImproperlyCo
 naming the variable, so start-up stops instead of running with a guess.
 """
 
-import os
-import secrets
+import hashlib
+import warnings
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_float, env_int, env_list, env_str
+from config.env import env_bool, env_float, env_int, env_list, env_rate, env_str
+from config.lib.redact import redact
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("VAR_DIR", str(BASE_DIR / "var")))
@@ -20,30 +21,53 @@ DEBUG = env_bool("DEBUG", False)
 
 
 def _secret_key() -> str:
-    """SECRET_KEY from the environment, else one generated once and kept under VAR_DIR.
+    """SECRET_KEY from the environment; without one, a development key, and only under DEBUG.
 
-    An embedded install then works out of the box without every restart invalidating
-    sessions, and a deployment that sets SECRET_KEY keeps full control.
+    Every web process and worker of a deployment must share one key (sessions, password resets
+    and django-q2's signed task payloads depend on it), so a key each host invents for itself is
+    refused: production sets SECRET_KEY. Under DEBUG a key kept under VAR_DIR by an earlier
+    version is reused (sessions survive), else one derived from the checkout's path, which is
+    stable across processes and writes nothing.
     """
     configured = env_str("SECRET_KEY", "")
     if configured:
         return configured
-    key_file = VAR_DIR / "secret_key"
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "SECRET_KEY is not set: set SECRET_KEY to a long random value shared by every web process "
+            "and worker (e.g. the output of `python -c 'import secrets; print(secrets.token_urlsafe(50))'`), "
+            "or set DEBUG=true for a development key."
+        )
     try:
-        return key_file.read_text().strip()
-    except FileNotFoundError:
+        return (VAR_DIR / "secret_key").read_text().strip()
+    except OSError:
         pass
-    VAR_DIR.mkdir(parents=True, exist_ok=True)
-    key = secrets.token_urlsafe(50)
-    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(key)
-    return key
+    return "django-insecure-dev-" + hashlib.sha256(str(BASE_DIR).encode()).hexdigest()
 
 
 SECRET_KEY = _secret_key()
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+# --- HTTPS and cookies (all off by default: on for any deployment served over HTTPS) -----------
+
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", False)
+# Behind a TLS-terminating proxy: "HTTP_X_FORWARDED_PROTO,https" trusts that header (only set it
+# when the proxy always overwrites it, or any client could claim HTTPS).
+_proxy_ssl_header = env_list("SECURE_PROXY_SSL_HEADER", [])
+if _proxy_ssl_header and len(_proxy_ssl_header) != 2:
+    raise ImproperlyConfigured(
+        f"SECURE_PROXY_SSL_HEADER={','.join(_proxy_ssl_header)!r} must be a header and a value, comma "
+        "separated, e.g. HTTP_X_FORWARDED_PROTO,https."
+    )
+SECURE_PROXY_SSL_HEADER = tuple(_proxy_ssl_header) if _proxy_ssl_header else None
+# The debug page and error mails never show DATABASE_URL or any URL's password.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "config.lib.errors.SecretHidingReporterFilter"
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -57,12 +81,16 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_q",
+    "axes",
     "runs",
     "agents",
     "memory",
 ]
 
 MIDDLEWARE = [
+    # First: nothing below reads a body the limit refuses, or a query string it cannot store.
+    "config.lib.limits.body_limit_middleware",
+    "config.lib.query_guard.query_guard_middleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -71,6 +99,9 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "config.lib.errors.APIErrorMiddleware",
+    # Last, as django-axes asks: it answers for locked-out logins.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -100,7 +131,9 @@ DATABASE_URL = env_str("DATABASE_URL", _default_database_url)
 try:
     _database = dj_database_url.parse(DATABASE_URL, conn_max_age=0, conn_health_checks=True)
 except Exception as exc:  # dj-database-url raises several types for a bad URL
-    raise ImproperlyConfigured(f"DATABASE_URL={DATABASE_URL!r} is not a usable database URL: {exc}") from None
+    raise ImproperlyConfigured(
+        f"DATABASE_URL={redact(DATABASE_URL)!r} is not a usable database URL: {redact(str(exc))}"
+    ) from None
 
 if _database["ENGINE"] == "django.db.backends.sqlite3":
     if not _database.get("NAME") or _database["NAME"] == ":memory:":
@@ -126,7 +159,7 @@ elif _database["ENGINE"] == "django.db.backends.postgresql":
     pass
 else:
     raise ImproperlyConfigured(
-        f"DATABASE_URL={DATABASE_URL!r}: Agent Ledger runs on SQLite or PostgreSQL only."
+        f"DATABASE_URL={redact(DATABASE_URL)!r}: Agent Ledger runs on SQLite or PostgreSQL only."
     )
 
 DATABASES = {"default": _database}
@@ -147,6 +180,25 @@ CACHES = {
 
 # --- Auth, i18n, static ------------------------------------------------------------------------
 
+AUTHENTICATION_BACKENDS = [
+    # django-axes first: it refuses a locked-out login before any password is checked.
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Failed admin logins: after AXES_FAILURE_LIMIT failures for one username from one address, that
+# pair is locked out for AXES_COOLOFF_HOURS (a success resets the count).
+AXES_ENABLED = env_bool("AXES_ENABLED", True)
+AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = env_float("AXES_COOLOFF_HOURS", 1.0, minimum=0.01)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+# The address a lockout is keyed on: REMOTE_ADDR, or behind N trusted proxies the N-th from the
+# right of X-Forwarded-For.
+AXES_IPWARE_PROXY_COUNT = env_int("AXES_PROXY_COUNT", None, minimum=1)
+AXES_IPWARE_META_PRECEDENCE_ORDER = (
+    ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"] if AXES_IPWARE_PROXY_COUNT else ["REMOTE_ADDR"]
+)
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -161,7 +213,9 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = Path(env_str("STATIC_ROOT", str(VAR_DIR / "static")))
-STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns on every start without it
+# Importing settings writes nothing; WhiteNoise serves from the apps (finders) until collectstatic
+# fills STATIC_ROOT, and would otherwise warn on every start that the folder is missing.
+warnings.filterwarnings("ignore", message="No directory at", category=UserWarning)
 # Served by WhiteNoise straight from the apps, so no collectstatic step is needed to run.
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
@@ -183,6 +237,7 @@ LOGGING = {
         "google_adk": {"level": env_str("ADK_LOG_LEVEL", "CRITICAL")},
         "google_genai": {"level": "WARNING"},
         "httpx": {"level": "WARNING"},
+        "axes": {"level": "WARNING"},
     },
 }
 
@@ -190,6 +245,16 @@ LOGGING = {
 
 RUN_INPUTS_DIR = Path(env_str("RUN_INPUTS_DIR", str(VAR_DIR / "run-inputs")))
 MAX_UPLOAD_BYTES = env_int("MAX_UPLOAD_BYTES", 25 * 1024 * 1024, minimum=1)
+# Every other request body (JSON, forms) is refused past this, before it is read
+# (config/lib/limits.py); uploads to POST /api/runs/ and webhook deliveries have their own limits.
+MAX_REQUEST_BODY_BYTES = env_int("MAX_REQUEST_BODY_BYTES", 2_621_440, minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BODY_BYTES
+# Stored copies are private to the service's account and group.
+FILE_UPLOAD_PERMISSIONS = 0o640
+FILE_UPLOAD_DIRECTORY_PERMISSIONS = 0o750
+# Where uploads larger than FILE_UPLOAD_MAX_MEMORY_SIZE are spooled while they arrive (default:
+# the system's temp directory).
+FILE_UPLOAD_TEMP_DIR = env_str("FILE_UPLOAD_TEMP_DIR", "") or None
 MAX_MESSAGE_CHARS = env_int("MAX_MESSAGE_CHARS", 100_000, minimum=1)
 RUN_HEARTBEAT_SECONDS = env_float("RUN_HEARTBEAT_SECONDS", 10.0, minimum=0.05)
 RUN_STALE_AFTER_SECONDS = env_int("RUN_STALE_AFTER_SECONDS", 60, minimum=1)
@@ -219,7 +284,12 @@ if AGENT_MODEL != "scripted" and not GOOGLE_API_KEY:
         f"AGENT_MODEL={AGENT_MODEL!r} needs GOOGLE_API_KEY; unset AGENT_MODEL to use the offline "
         "scripted model."
     )
-SCRIPTED_FAULTS_ENABLED = env_bool("SCRIPTED_FAULTS_ENABLED", DEBUG)
+# Scripted tool faults (crash, hang, tool_fails) are for tests and demos: only when set
+# explicitly, and a crash is never honoured in a web process (chat turns run there).
+SCRIPTED_FAULTS_ENABLED = env_bool("SCRIPTED_FAULTS_ENABLED", False)
+# Whether API users (POST /api/runs/, POST /api/chat/) may send `params.script`: a script makes
+# the offline model call any tool with any arguments.
+SCRIPTS_FROM_USERS_ALLOWED = env_bool("SCRIPTS_FROM_USERS_ALLOWED", False)
 # The memory diet: base64 strings at least this long in old function responses are stripped
 # from model requests. Shorter ones are ids and tokens, not payloads, hence the floor.
 STRIP_PAYLOAD_MIN_CHARS = env_int("STRIP_PAYLOAD_MIN_CHARS", 4000, minimum=256)
@@ -264,6 +334,16 @@ if not WEBHOOK_RETRY_DELAYS or min(WEBHOOK_RETRY_DELAYS) < 0:
 # so an expired lease means the worker is gone and another may take the event.
 WEBHOOK_LEASE_SECONDS = env_int("WEBHOOK_LEASE_SECONDS", 90, minimum=1)
 
+# --- Retention of stored inputs ----------------------------------------------------------------
+
+# 0 keeps them for ever. Only what belongs to settled runs and closed events is ever removed.
+# Webhook events (rows and attachment copies) closed (done, resolved, dead) this many days ago:
+WEBHOOK_EVENTS_RETENTION_DAYS = env_int("WEBHOOK_EVENTS_RETENTION_DAYS", 90, minimum=0)
+# Attachment copies of closed webhook events, which may go sooner than the event rows:
+WEBHOOK_ATTACHMENTS_RETENTION_DAYS = env_int("WEBHOOK_ATTACHMENTS_RETENTION_DAYS", 30, minimum=0)
+# Input-file copies of runs that settled this many days ago (after which a replay is `input_gone`):
+RUN_INPUTS_RETENTION_DAYS = env_int("RUN_INPUTS_RETENTION_DAYS", 90, minimum=0)
+
 # --- Background jobs (django-q2 on the ORM broker) -----------------------------------------------
 
 Q_WORKERS = env_int("Q_WORKERS", 2, minimum=1)
@@ -295,13 +375,33 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "config.lib.api_errors.api_exception_handler",
+    # One strict JSON reading for every API view (config/lib/safe_json.py).
+    "DEFAULT_PARSER_CLASSES": [
+        "config.lib.safe_json.StrictJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
 }
+
+# Requests per user (config/lib/throttles.py); `off` lifts a limit. 429 with Retry-After past it.
+THROTTLE_RATES = {
+    "runs.start": env_rate("THROTTLE_RUNS_START", "120/min"),
+    "runs.replay": env_rate("THROTTLE_REPLAYS", "60/min"),
+    "chat.turn": env_rate("THROTTLE_CHAT_TURNS", "60/min"),
+}
+# Work in flight per user (runs/quotas.py); 0 lifts a cap.
+MAX_RUNS_IN_FLIGHT_PER_USER = env_int("MAX_RUNS_IN_FLIGHT_PER_USER", 100, minimum=0)
+MAX_CHAT_STREAMS_PER_USER = env_int("MAX_CHAT_STREAMS_PER_USER", 5, minimum=0)
+
+# The OpenAPI schema and its docs page need a signed-in user unless this is set.
+API_SCHEMA_PUBLIC = env_bool("API_SCHEMA_PUBLIC", False)
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "Agent Ledger API",
     "DESCRIPTION": "Durable ADK agent runs with safe replays.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["config.lib.schema.SchemaAccess"],
     # The docs page's assets are served from the sidecar package, not a CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

@@ -70,6 +70,13 @@ JOBS: tuple[Job, ...] = (
         schedule_type=Schedule.MINUTES,
         minutes=1,
     ),
+    # Retention of stored inputs: closed webhook events, their attachments, settled runs' input copies.
+    Job(
+        name="runs.purge_stored_inputs",
+        func="runs.tasks.purge_stored_inputs",
+        schedule_type=Schedule.CRON,
+        cron="15 4 * * *",
+    ),
     # More periodic jobs go here.
 )
 

@@ -26,7 +26,8 @@ from agents.registry import UnknownAgentError, validate_params
 from agents.scripted import ScriptError
 from agents.services import resolve_runnable
 from agents.workflows import WorkflowGraphError, validate_workflow_params
-from runs import lifecycle, reconcile, visibility
+from config.lib import files, safe_json
+from runs import lifecycle, quotas, reconcile, visibility
 from runs import replay as rules
 from runs.models import AgentRun, RunStatus, Trigger
 from runs.refusals import (
@@ -64,6 +65,8 @@ def _clean_message(message: Any) -> str:
         raise ValidationError({"message": "The message is empty: say what the agent should do."})
     if "\x00" in message:
         raise ValidationError({"message": "The message contains a NUL character."})
+    if problem := safe_json.text_problem(message):
+        raise ValidationError({"message": f"The message {problem}."})
     if len(message) > settings.MAX_MESSAGE_CHARS:
         raise ValidationError(
             {"message": f"The message is {len(message)} characters long; the limit is {settings.MAX_MESSAGE_CHARS}."}
@@ -77,7 +80,11 @@ def _clean_params(params: Any) -> dict:
     if not isinstance(params, dict):
         raise ValidationError({"params": "params must be a JSON object."})
     try:
-        encoded = json.dumps(params)
+        # Every door's params, not only the API's: nothing NaN, too deep, NUL or unencodable is stored.
+        safe_json.check_value(params, where="params")
+        encoded = json.dumps(params, allow_nan=False)
+    except safe_json.UnsafeInput as exc:
+        raise ValidationError({"params": str(exc)}) from None
     except (TypeError, ValueError) as exc:
         raise ValidationError({"params": f"params cannot be stored as JSON: {exc}"}) from None
     if len(encoded) > MAX_PARAMS_BYTES:
@@ -94,6 +101,12 @@ def clean_file_name(name: Any) -> str:
         raise ValidationError({"file": f"The file name {name!r} contains a path; send a plain file name."})
     if "\x00" in name or any(unicodedata.category(ch) == "Cc" for ch in name):
         raise ValidationError({"file": "The file name contains control characters."})
+    # Format characters (bidi overrides such as U+202E, zero-width marks) make a name read as
+    # something it is not ("invoice\u202efdp.exe" shows as "invoiceexe.pdf"); surrogates are not text.
+    if any(unicodedata.category(ch) in {"Cf", "Cs"} for ch in name):
+        raise ValidationError(
+            {"file": "The file name contains invisible formatting characters (such as bidi overrides)."}
+        )
     if name.startswith("."):
         raise ValidationError({"file": f"The file name {name!r} is hidden (starts with a dot)."})
     if len(name) > MAX_FILE_NAME_CHARS:
@@ -106,9 +119,9 @@ def _copy_input_file(source: IO[bytes], destination: Path) -> tuple[str, int]:
     limit = settings.MAX_UPLOAD_BYTES
     digest = hashlib.sha256()
     size = 0
-    destination.parent.mkdir(parents=True, exist_ok=True)
+    files.make_private_dir(destination.parent)
     partial = destination.with_name(destination.name + ".partial")
-    with open(partial, "wb") as out:
+    with files.open_private(partial) as out:
         while chunk := source.read(_COPY_CHUNK):
             size += len(chunk)
             if size > limit:
@@ -217,7 +230,8 @@ def start_run(
     stored_path = ""
     sha256, size = "", None
     if file is not None:
-        destination = run_inputs_dir(run_id) / cleaned["file_name"]
+        # The name on disk fits the file system; the user's name is kept whole in input_file_name.
+        destination = run_inputs_dir(run_id) / files.disk_name(cleaned["file_name"])
         try:
             sha256, size = _copy_input_file(file, destination)
         except BaseException:
@@ -227,6 +241,7 @@ def start_run(
 
     try:
         with transaction.atomic():
+            quotas.check_in_flight(user=created_by, chat=trigger == Trigger.CHAT)
             run = AgentRun.objects.create(
                 run_id=run_id,
                 trigger=trigger,
@@ -316,6 +331,7 @@ def replay_run(run_id: Any, *, actor: Any, force: bool = False, reason: str = ""
         if decision.refusal is not None:
             raise decision.refusal
         forced = decision.overridden is not None
+        quotas.check_in_flight(user=actor)
         replay = AgentRun.objects.create(
             trigger=original.trigger,
             agent_name=original.agent_name,

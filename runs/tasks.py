@@ -2,7 +2,7 @@
 
 import uuid
 
-from runs import executor, reconcile, retention
+from runs import executor, reconcile, retention, stored_data
 from runs.inbox import processing
 from runs.schedules import services as scheduling
 
@@ -34,3 +34,8 @@ def sweep_webhooks() -> str:
 def fire_schedules() -> str:
     """Every minute: start the runs of the schedules that are due (each slot once)."""
     return str(scheduling.fire_due_schedules())
+
+
+def purge_stored_inputs() -> str:
+    """Daily: remove closed webhook events, their attachments and settled runs' input copies past retention."""
+    return str(stored_data.purge_stored_inputs())

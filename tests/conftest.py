@@ -7,6 +7,8 @@ same test database through `child_env()`.
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from django.contrib.auth.models import Permission
 
@@ -38,6 +40,15 @@ def _test_settings(settings, tmp_path):
     # Hashing a persona's password with the production hasher costs ~0.3 s a user.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.SCRIPTED_FAULTS_ENABLED = True
+    settings.SCRIPTS_FROM_USERS_ALLOWED = True
+    # Limits are tested where they are the subject (tests/test_limits.py); elsewhere a test may
+    # start many runs and log in as it likes.
+    settings.THROTTLE_RATES = {scope: None for scope in settings.THROTTLE_RATES}
+    settings.AXES_ENABLED = False
+    # A cache per test: throttle history never leaks from one test into the next.
+    settings.CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": f"test-{uuid.uuid4()}"}
+    }
     settings.RUN_INPUTS_DIR = tmp_path / "run-inputs"
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
     settings.RUN_HEARTBEAT_SECONDS = 0.2

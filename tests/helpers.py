@@ -40,6 +40,11 @@ def child_env(**extra: str) -> dict[str, str]:
     env.update(
         DATABASE_URL=child_database_url(),
         SCRIPTED_FAULTS_ENABLED="true",
+        SCRIPTS_FROM_USERS_ALLOWED="true",
+        THROTTLE_RUNS_START="off",
+        THROTTLE_REPLAYS="off",
+        THROTTLE_CHAT_TURNS="off",
+        AXES_ENABLED="false",
         RUN_INPUTS_DIR=str(django_settings.RUN_INPUTS_DIR),
         RUN_HEARTBEAT_SECONDS=str(django_settings.RUN_HEARTBEAT_SECONDS),
         EMAIL_BACKEND="django.core.mail.backends.locmem.EmailBackend",

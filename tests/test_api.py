@@ -499,8 +499,9 @@ def test_csrf_is_enforced_for_session_clients(alice):
     assert_error(client.post("/api/runs/", {}, format="json"), 403, "permission_denied")
 
 
-def test_the_schema_and_the_docs_page_are_served():
+def test_the_schema_and_the_docs_page_are_served(alice):
     client = Client()
+    client.force_login(alice)
     schema = client.get("/api/schema/")
     assert schema.status_code == 200
     text = schema.content.decode()

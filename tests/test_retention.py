@@ -220,6 +220,7 @@ def test_setup_schedules_creates_every_job_and_a_second_run_changes_nothing():
         "runs.reconcile:", "unchanged", "runs.purge_events:", "unchanged", "memory.prune:", "unchanged",
         "runs.webhook_sweeper:", "unchanged",
         "runs.fire_schedules:", "unchanged",
+        "runs.purge_stored_inputs:", "unchanged",
     ]
     assert _schedules() == first
 

@@ -8,6 +8,7 @@ from django.conf import settings
 from rest_framework import parsers
 
 from config.lib.api_errors import RequestTooLarge
+from config.lib.safe_json import StrictJSONParser
 
 # Room for the form fields and multipart framing around an upload of MAX_UPLOAD_BYTES.
 MULTIPART_OVERHEAD_BYTES = 1024 * 1024
@@ -20,8 +21,8 @@ def _content_length(meta) -> int:
         return 0
 
 
-class BoundedJSONParser(parsers.JSONParser):
-    """DRF reads a JSON body from the stream with no limit of its own: read at most the limit."""
+class BoundedJSONParser(StrictJSONParser):
+    """DRF reads a JSON body from the stream with no limit of its own: read at most the limit, strictly."""
 
     def parse(self, stream, media_type=None, parser_context=None):
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE

@@ -14,7 +14,6 @@ the stream are JSON `{"code", "detail", ...}` with 400, 401, 403, 404, 405, 409 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 
 from asgiref.sync import sync_to_async
@@ -25,8 +24,10 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication, get_authorization_header
 
+from config.lib import safe_json
 from config.lib.api_errors import api_exception_handler
 from config.lib.refusals import Refusal
+from config.lib.throttles import CHAT_TURN, throttle_wait
 from runs.chat import turns as chat
 from runs.models import AgentRun
 
@@ -65,9 +66,11 @@ async def authenticate(request: HttpRequest):
 
 def _parse(request: HttpRequest) -> dict:
     try:
-        body = json.loads(request.body or b"")
-    except (ValueError, UnicodeDecodeError):
-        raise ValidationError({"body": "The body must be a JSON object (Content-Type: application/json)."}) from None
+        body = safe_json.loads(request.body or b"")
+    except safe_json.UnsafeInput as exc:
+        raise ValidationError(
+            {"body": f"The body must be a JSON object (Content-Type: application/json). {exc}"}
+        ) from None
     if not isinstance(body, dict):
         raise ValidationError({"body": "The body must be a JSON object."})
     unknown = sorted(set(body) - FIELDS)
@@ -131,6 +134,9 @@ async def chat_turn(request: HttpRequest):
         return error_response(drf_exceptions.MethodNotAllowed(request.method))
     try:
         user = await authenticate(request)
+        wait = await sync_to_async(throttle_wait)(scope=CHAT_TURN, request=request, user=user)
+        if wait is not None:
+            raise drf_exceptions.Throttled(wait=wait, detail="Too many chat turns.")
         body = _parse(request)
     except (drf_exceptions.APIException, ValidationError, RequestDataTooBig) as exc:
         return error_response(exc)

@@ -16,6 +16,7 @@ from rest_framework.reverse import reverse
 from config.lib.api_errors import InvalidCursor, errors
 from config.lib.parsers import BoundedJSONParser, BoundedMultiPartParser
 from config.lib.serializers import EmptySerializer
+from config.lib.throttles import REPLAY, START_RUN, ScopedUserRateThrottle
 from runs import reconcile, services, timeline, visibility
 from runs.api.serializers import (
     ReplayRequestSerializer,
@@ -67,6 +68,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     serializer_class = RunSerializer
     pagination_class = RunCursorPagination
     parser_classes = [BoundedJSONParser, parsers.FormParser, BoundedMultiPartParser]
+    throttle_classes = [ScopedUserRateThrottle]
+    throttle_scopes = {"create": START_RUN, "replay": REPLAY}
     lookup_field = "run_id"
     lookup_value_regex = "[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}"
     queryset = AgentRun.objects.none()  # for the schema; get_queryset applies visibility

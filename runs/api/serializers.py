@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
-
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from agents.models import WorkflowDefinition
+from config.lib import safe_json
 from config.lib.serializers import StrictBooleanField, StrictCharField, StrictSerializer
+from config.lib.user_params import scripts_refusal
 from runs import replay as rules
 from runs.models import AgentRun, RunStep, ToolCall
 from runs.services import MAX_FORCE_REASON_CHARS
@@ -21,16 +21,16 @@ class ParamsField(serializers.Field):
 
     default_error_messages = {
         "not_object": "Must be a JSON object.",
-        "not_json": "Must be a JSON object; this is not valid JSON: {error}.",
+        "not_json": "Must be a JSON object. {error}.",
     }
 
     def to_internal_value(self, data):
         request = self.context.get("request")
         if isinstance(data, str) and request is not None and not request.content_type.startswith("application/json"):
             try:
-                data = json.loads(data)
-            except json.JSONDecodeError as exc:
-                self.fail("not_json", error=exc.msg)
+                data = safe_json.loads(data)
+            except safe_json.UnsafeInput as exc:
+                self.fail("not_json", error=str(exc).rstrip("."))
         if not isinstance(data, dict):
             self.fail("not_object")
         return data
@@ -74,6 +74,9 @@ class RunCreateSerializer(StrictSerializer):
                     {"workflow": [f"There is no workflow named {attrs['workflow']!r}."]}
                 )
         attrs["agent"] = attrs.pop(given[0])
+        refused = scripts_refusal(attrs.get("params"))
+        if refused:
+            raise serializers.ValidationError({"params": [refused]})
         return attrs
 
 

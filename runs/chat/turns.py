@@ -24,9 +24,11 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from google.adk.events.event import Event
 
+from agents import faults
 from agents.registry import UnknownAgentError
 from agents.services import resolve_runnable
 from config.lib.refusals import Refusal
+from config.lib.user_params import scripts_refusal
 from runs import executor, services
 from runs.models import IN_FLIGHT, AgentRun, Conversation, Trigger
 
@@ -96,6 +98,10 @@ def begin_turn(
             wanted = _conversation_uuid(conversation_id)
         except ValidationError as exc:
             errors.update(exc.message_dict)
+    # A turn runs in the web process: what would kill that process is refused before anything is written.
+    refused = scripts_refusal(params) or faults.refused_in_web_process(params)
+    if refused:
+        errors["params"] = [refused]
     if errors:
         raise ValidationError(errors)
 

@@ -25,6 +25,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django_q.tasks import async_task
 
+from config.lib import files, safe_json
 from runs import services
 from runs.inbox.refusals import BadAttachments, BodyTooLarge, MalformedEvent, MessageIdMissing, UnknownSource
 from runs.inbox.signing import SIGNATURE_HEADER, verify_signature
@@ -141,12 +142,12 @@ def _store_attachments(event_id: uuid.UUID, attachments: list[Attachment]) -> li
     if not attachments:
         return []
     directory = attachments_dir(event_id)
-    directory.mkdir(parents=True, exist_ok=False)
+    files.make_private_dir(directory, exist_ok=False)
     stored = []
     for attachment in attachments:
-        destination = directory / attachment.filename
+        destination = directory / files.disk_name(attachment.filename)
         partial = destination.with_name(destination.name + ".partial")
-        with open(partial, "wb") as out:
+        with files.open_private(partial) as out:
             out.write(attachment.data)
             out.flush()
             os.fsync(out.fileno())
@@ -195,13 +196,9 @@ def receive_event(*, source: WebhookSource, body: bytes, headers: Mapping[str, s
         raise BodyTooLarge()
     verify_signature(source, body, headers.get(SIGNATURE_HEADER))
     try:
-        payload = json.loads(body)
-    except UnicodeDecodeError:
-        raise MalformedEvent("The body is not UTF-8 text: send the event as JSON.") from None
-    except json.JSONDecodeError as exc:
-        raise MalformedEvent(
-            f"The body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}."
-        ) from None
+        payload = safe_json.loads(body)
+    except safe_json.UnsafeInput as exc:
+        raise MalformedEvent(f"The body is not a JSON event this inbox can store: {exc}") from None
     if not isinstance(payload, dict):
         raise MalformedEvent("The body must be a JSON object.")
     external_id = _message_id(source, payload, headers)

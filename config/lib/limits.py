@@ -1,0 +1,184 @@
+"""Request body limits, enforced before a body is read.
+
+Django's ASGI handler reads the whole body into a temporary file (spilling to disk past
+FILE_UPLOAD_MAX_MEMORY_SIZE) before any view or middleware runs, so a limit checked in a view
+comes after a gigabyte was already written to the temp directory. `BodyLimitMiddleware` wraps
+the ASGI application instead: a declared Content-Length over the limit is refused without
+reading a byte, and a chunked body is counted as it streams in and cut off past the limit.
+`body_limit_middleware` (a Django middleware) applies the same rule to the declared length on
+every other path (WSGI, the test client).
+
+Each path has its own limit: an upload to `POST /api/runs/` gets MAX_UPLOAD_BYTES plus room for
+the form around it, the webhook inbox WEBHOOK_MAX_BYTES, everything else DATA_UPLOAD_MAX_MEMORY_SIZE
+(set from MAX_REQUEST_BODY_BYTES).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from rest_framework import exceptions, status
+
+# Room for the form fields and multipart framing around an upload of MAX_UPLOAD_BYTES.
+MULTIPART_OVERHEAD_BYTES = 1024 * 1024
+
+UPLOAD_PATH = "/api/runs/"
+WEBHOOK_PREFIX = "/api/webhooks/"
+CHAT_PATH = "/api/chat/"
+
+
+@dataclass(frozen=True)
+class BodyLimit:
+    bytes: int
+    setting: str
+    # Each door keeps the code it has always answered with (clients match on it).
+    code: str = "request_too_large"
+
+    def detail(self) -> str:
+        return (
+            f"The request body is larger than the limit of {self.bytes} bytes ({self.setting}); "
+            "it was refused without being read."
+        )
+
+    def body(self) -> dict[str, Any]:
+        return {"code": self.code, "detail": self.detail(), "limit": self.bytes}
+
+
+class RequestTooLarge(exceptions.APIException):
+    """Raised by parsers that read a body themselves; answered in the API's error format."""
+
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "request_too_large"
+
+    def __init__(self, *, limit: int, setting: str):
+        super().__init__(BodyLimit(limit, setting).detail(), code=self.default_code)
+
+
+def body_limit(*, method: str, path: str, content_type: str) -> BodyLimit:
+    """The most bytes a request to `path` may carry, and the setting that says so."""
+    if path.startswith(WEBHOOK_PREFIX):
+        return BodyLimit(settings.WEBHOOK_MAX_BYTES, "WEBHOOK_MAX_BYTES", code="body_too_large")
+    if method == "POST" and path == UPLOAD_PATH and content_type.lower().startswith("multipart/form-data"):
+        return BodyLimit(settings.MAX_UPLOAD_BYTES + MULTIPART_OVERHEAD_BYTES, "MAX_UPLOAD_BYTES")
+    code = "too_large" if path == CHAT_PATH else "request_too_large"
+    return BodyLimit(settings.DATA_UPLOAD_MAX_MEMORY_SIZE, "MAX_REQUEST_BODY_BYTES", code=code)
+
+
+def _declared_length(value: str | bytes | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+# --- ASGI: in front of Django -------------------------------------------------------------------------
+
+ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+
+
+async def _send_refusal(send: Callable[[dict], Awaitable[None]], limit: BodyLimit) -> None:
+    payload = json.dumps(limit.body()).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                # The rest of the body is never read, so the connection cannot be reused.
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+class BodyLimitMiddleware:
+    """Wraps the ASGI application: refuses oversized bodies, declared or streamed, with a 413."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {name.lower(): value for name, value in scope.get("headers", [])}
+        limit = body_limit(
+            method=scope.get("method", "GET"),
+            path=scope.get("path", ""),
+            content_type=headers.get(b"content-type", b"").decode("latin-1"),
+        )
+        declared = _declared_length(headers.get(b"content-length"))
+        if declared is not None and declared > limit.bytes:
+            await _send_refusal(send, limit)
+            return
+
+        received = 0
+        over = False
+        started = False
+
+        async def counted_receive() -> dict:
+            nonlocal received, over
+            if over:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit.bytes:
+                    # Django's handler treats a disconnect while reading as an aborted request:
+                    # it stops reading, answers nothing, and the refusal is sent below instead.
+                    over = True
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def tracked_send(message: dict) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        await self.app(scope, counted_receive, tracked_send)
+        if over and not started:
+            await _send_refusal(send, limit)
+
+
+# --- Django: the same rule on the declared length -------------------------------------------------------
+
+
+def refusal_for(request: HttpRequest) -> HttpResponse | None:
+    limit = body_limit(
+        method=request.method or "GET", path=request.path_info, content_type=request.META.get("CONTENT_TYPE", "")
+    )
+    declared = _declared_length(request.META.get("CONTENT_LENGTH"))
+    if declared is not None and declared > limit.bytes:
+        return JsonResponse(limit.body(), status=413)
+    return None
+
+
+def body_limit_middleware(get_response):
+    """First in MIDDLEWARE: nothing after it reads a body the limit refuses."""
+    if iscoroutinefunction(get_response):
+
+        async def middleware(request: HttpRequest) -> HttpResponse:
+            return refusal_for(request) or await get_response(request)
+
+        markcoroutinefunction(middleware)
+    else:
+
+        def middleware(request: HttpRequest) -> HttpResponse:
+            return refusal_for(request) or get_response(request)
+
+    return middleware
+
+
+body_limit_middleware.sync_capable = True
+body_limit_middleware.async_capable = True

@@ -1,0 +1,44 @@
+"""Query strings are input too: `?owner_id=a%00b` must be a 400, not a database error.
+
+PostgreSQL refuses NUL characters in text, so a NUL reaching a filter fails the query with a
+500; the admin's search and filters, the runs list and the memory search all read the query
+string. One middleware checks every name and value before any view sees them.
+"""
+
+from __future__ import annotations
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from config.lib.safe_json import text_problem
+
+
+def refusal_for(request: HttpRequest) -> HttpResponse | None:
+    for name, values in request.GET.lists():
+        for where, text in (
+            (f"The query parameter name {name!r}", name),
+            *((f"The query parameter {name}", v) for v in values),
+        ):
+            problem = text_problem(text)
+            if problem is not None:
+                return JsonResponse({"code": "invalid_query", "detail": f"{where} {problem}."}, status=400)
+    return None
+
+
+def query_guard_middleware(get_response):
+    if iscoroutinefunction(get_response):
+
+        async def middleware(request: HttpRequest) -> HttpResponse:
+            return refusal_for(request) or await get_response(request)
+
+        markcoroutinefunction(middleware)
+    else:
+
+        def middleware(request: HttpRequest) -> HttpResponse:
+            return refusal_for(request) or get_response(request)
+
+    return middleware
+
+
+query_guard_middleware.sync_capable = True
+query_guard_middleware.async_capable = True
