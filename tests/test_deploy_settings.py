@@ -18,10 +18,12 @@ from django.test import Client, RequestFactory
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from runs import services, webhooks
+from runs import lifecycle, services
 from runs import stored_data as data_retention
+from runs.inbox import receipt as inbox_receipt
+from runs.inbox import signing
 from runs.models import AgentRun, EventStatus, RunStatus, WebhookEvent, WebhookSource
-from runs.schedules import JOBS
+from runs.periodic_jobs import JOBS
 from tests.factories import make_run
 from tests.helpers import BASE_DIR, SAY_DONE, child_env
 
@@ -157,7 +159,7 @@ def test_an_internal_error_under_debug_is_summarised_to_api_clients(alice, setti
 
     settings.DEBUG = True
     monkeypatch.setattr(timeline, "run_events", broken)
-    monkeypatch.setattr(services, "enqueue_run", lambda run_id: None)
+    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
     run = make_run(created_by=alice, tools=[])
     client = APIClient(raise_request_exception=False)
     client.force_authenticate(alice)
@@ -176,7 +178,7 @@ def _mode(path: Path) -> int:
 
 
 def test_run_input_copies_are_not_world_readable(monkeypatch):
-    monkeypatch.setattr(services, "enqueue_run", lambda run_id: None)
+    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
     old_umask = os.umask(0o002)  # a permissive umask must not make them readable either
     try:
         run = services.start_run(agent_name="support", message="hi", owner_id="jane", file=BytesIO(b"secret"),
@@ -190,13 +192,13 @@ def test_run_input_copies_are_not_world_readable(monkeypatch):
 
 def test_webhook_attachment_copies_are_not_world_readable(settings, tmp_path, monkeypatch):
     settings.WEBHOOK_ATTACHMENTS_DIR = tmp_path / "attachments"
-    monkeypatch.setattr(webhooks, "enqueue_event", lambda event_id: None)
+    monkeypatch.setattr(inbox_receipt, "enqueue_event", lambda event_id: None)
     source = WebhookSource.objects.create(slug="in", name="In", agent_name="support", owner_id="jane",
                                           secret="s" * 20, message_id_header="X-Message-Id",
                                           expects_attachments=True)
     body = json.dumps({"attachments": [{"filename": "a.txt", "content_base64": base64.b64encode(b"x").decode()}]})
-    receipt = webhooks.receive_event(source=source, body=body.encode(),
-                                     headers={"X-Signature": webhooks.sign("s" * 20, body.encode()),
+    receipt = inbox_receipt.receive_event(source=source, body=body.encode(),
+                                     headers={"X-Signature": signing.sign("s" * 20, body.encode()),
                                               "X-Message-Id": "m1"})
     stored = Path(receipt.event.attachments[0]["path"])
     assert _mode(stored) == 0o640
@@ -230,8 +232,8 @@ def test_the_retention_job_is_a_daily_periodic_job():
 @pytest.fixture
 def inbox(settings, tmp_path, monkeypatch):
     settings.WEBHOOK_ATTACHMENTS_DIR = tmp_path / "attachments"
-    monkeypatch.setattr(webhooks, "enqueue_event", lambda event_id: None)
-    monkeypatch.setattr(services, "enqueue_run", lambda run_id: None)
+    monkeypatch.setattr(inbox_receipt, "enqueue_event", lambda event_id: None)
+    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
     return WebhookSource.objects.create(slug="in", name="In", agent_name="support", owner_id="jane",
                                         secret="s" * 20, message_id_header="X-Message-Id",
                                         expects_attachments=True, params={"script": [SAY_DONE]})
@@ -240,9 +242,9 @@ def inbox(settings, tmp_path, monkeypatch):
 def _event(source, message_id: str, *, status: str, days_ago: int, run_status: str | None = None) -> WebhookEvent:
     body = json.dumps({"text": message_id,
                        "attachments": [{"filename": "a.txt", "content_base64": base64.b64encode(b"x").decode()}]})
-    event = webhooks.receive_event(
+    event = inbox_receipt.receive_event(
         source=source, body=body.encode(),
-        headers={"X-Signature": webhooks.sign("s" * 20, body.encode()), "X-Message-Id": message_id},
+        headers={"X-Signature": signing.sign("s" * 20, body.encode()), "X-Message-Id": message_id},
     ).event
     finished = timezone.now() - timedelta(days=days_ago)
     WebhookEvent.objects.filter(pk=event.pk).update(status=status, finished_at=finished)
@@ -286,7 +288,7 @@ def test_old_closed_webhook_events_go_with_their_attachments_and_nothing_unsettl
 
 
 def test_old_run_input_copies_go_only_when_every_run_using_them_has_settled(settings, monkeypatch, alice):
-    monkeypatch.setattr(services, "enqueue_run", lambda run_id: None)
+    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
     settings.RUN_INPUTS_RETENTION_DAYS = 90
     long_ago = timezone.now() - timedelta(days=120)
     old = make_run(created_by=alice, tools=[], file=b"old input")

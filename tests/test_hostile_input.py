@@ -19,7 +19,9 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from config.lib import safe_json
-from runs import services, webhooks
+from runs import lifecycle, services
+from runs.inbox import receipt as inbox_receipt
+from runs.inbox import signing
 from runs.models import AgentRun, WebhookEvent, WebhookSource
 from tests.factories import make_run
 from tests.helpers import SAY_DONE, SEND_EMAIL
@@ -34,8 +36,8 @@ DEEP = "[" * 50_000 + "]" * 50_000
 
 @pytest.fixture(autouse=True)
 def _no_worker(monkeypatch, settings, tmp_path):
-    monkeypatch.setattr(services, "enqueue_run", lambda run_id: None)
-    monkeypatch.setattr(webhooks, "enqueue_event", lambda event_id: None)
+    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
+    monkeypatch.setattr(inbox_receipt, "enqueue_event", lambda event_id: None)
     settings.WEBHOOK_ATTACHMENTS_DIR = tmp_path / "webhook-attachments"
 
 
@@ -81,7 +83,7 @@ def post_chat(token: str, raw: bytes):
 def deliver(raw: bytes, *, message_id: str = "msg-1"):
     return Client().generic(
         "POST", WEBHOOK_URL, raw, content_type="application/json",
-        headers={"X-Signature": webhooks.sign(SECRET, raw), "X-Message-Id": message_id},
+        headers={"X-Signature": signing.sign(SECRET, raw), "X-Message-Id": message_id},
     )
 
 

@@ -23,7 +23,7 @@ from django.test import Client
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from runs import services
+from runs import lifecycle, services
 from runs.management.commands.serve import web_command
 from runs.models import AgentRun, RunStatus, Trigger
 from tests.factories import make_run
@@ -226,7 +226,7 @@ def test_an_anonymous_upload_of_200_megabytes_is_refused_before_authentication(s
 
 def test_a_chunked_chat_turn_over_the_limit_is_refused(server):
     status, body, sent = _stream_chunked(server.port, "/api/chat/", total=64 * 1024 * 1024)
-    assert (status, body["code"]) == (413, "too_large")
+    assert (status, body["code"]) == (413, "request_too_large")
     assert sent < 16 * 1024 * 1024
 
 
@@ -264,7 +264,7 @@ def as_alice(alice_token) -> APIClient:
 
 @pytest.fixture
 def no_worker(monkeypatch):
-    monkeypatch.setattr(services, "enqueue_run", lambda run_id: None)
+    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
 
 
 def _rates(settings, **rates) -> None:

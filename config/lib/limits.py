@@ -25,12 +25,12 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from rest_framework import exceptions, status
 
+from config.lib.parsers import MULTIPART_OVERHEAD_BYTES
+
 # Room for the form fields and multipart framing around an upload of MAX_UPLOAD_BYTES.
-MULTIPART_OVERHEAD_BYTES = 1024 * 1024
 
 UPLOAD_PATH = "/api/runs/"
 WEBHOOK_PREFIX = "/api/webhooks/"
-CHAT_PATH = "/api/chat/"
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,7 @@ def body_limit(*, method: str, path: str, content_type: str) -> BodyLimit:
         return BodyLimit(settings.WEBHOOK_MAX_BYTES, "WEBHOOK_MAX_BYTES", code="body_too_large")
     if method == "POST" and path == UPLOAD_PATH and content_type.lower().startswith("multipart/form-data"):
         return BodyLimit(settings.MAX_UPLOAD_BYTES + MULTIPART_OVERHEAD_BYTES, "MAX_UPLOAD_BYTES")
-    code = "too_large" if path == CHAT_PATH else "request_too_large"
-    return BodyLimit(settings.DATA_UPLOAD_MAX_MEMORY_SIZE, "MAX_REQUEST_BODY_BYTES", code=code)
+    return BodyLimit(settings.DATA_UPLOAD_MAX_MEMORY_SIZE, "MAX_REQUEST_BODY_BYTES")
 
 
 def _declared_length(value: str | bytes | None) -> int | None:
