@@ -7,16 +7,22 @@ and any other ADK tool can share the database), but fewer statements on the path
   this copy was loaded at>` and a row count, instead of `SELECT … FOR UPDATE` and comparing in
   Python. The winner holds the row lock until its commit; a concurrent writer of the same
   revision then matches no row and gets `StaleSessionError`, exactly as with the locking read.
-  App and user state rows are written only when the event carries a delta for them. The event
-  row is still inserted through ADK's `StorageEvent` mapping, so mapper hooks (the tool
-  journal, see runs/journal.py) write in the same transaction. On PostgreSQL that is
-  UPDATE + INSERT + COMMIT; on SQLite a session-state delta adds one statement, because
-  SQLite has no shallow JSON merge and the row is read back under the write lock instead.
+  App and user state rows are written only when the event carries a delta for them. On
+  PostgreSQL that is UPDATE + INSERT + COMMIT; on SQLite a session-state delta adds one
+  statement, because SQLite has no shallow JSON merge and the row is read back under the write
+  lock instead.
+- The event row is ADK's `StorageEvent`, built by `StorageEvent.from_event` and inserted with
+  the mapping's own `before_insert`/`after_insert` hooks run on the same connection, exactly
+  where a flush would run them: the tool journal (runs/journal.py) writes its rows in the
+  event's transaction. The unit of work itself is skipped; it cost more than the rest of the
+  append together.
 - `get_session` reads the session with its app and user state in one statement and the events
   in a second, without opening a transaction on PostgreSQL (each statement sees committed data,
   as the stock service's READ COMMITTED transaction does, and the session row is read first so
   that a copy can only ever be older than its events, never newer).
 - `create_session` inserts the session and reads both state rows in the same statement.
+- Each operation runs its statements in one greenlet (`run_sync`) from statements built once,
+  instead of paying SQLAlchemy's async bridge and statement construction per statement.
 - No pre-ping per checkout. A connection that broke while idle in the pool fails its first
   statement with a disconnect error; SQLAlchemy then invalidates the pool, and the operation is
   retried once on a fresh connection. An append first checks whether its event row made it in
@@ -51,10 +57,11 @@ from google.adk.sessions.migration import _schema_check_utils
 from google.adk.sessions.schemas.shared import timestamp_to_utc_datetime, utc_datetime_to_timestamp
 from google.adk.sessions.schemas.v1 import StorageAppState, StorageEvent, StorageSession, StorageUserState
 from google.adk.sessions.session import Session
-from sqlalchemy import Table, and_, bindparam, exists, select, update
+from sqlalchemy import Table, and_, bindparam, exists, inspect, select, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import DBAPIError, IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 logger = logging.getLogger(__name__)
 
@@ -64,11 +71,80 @@ _SESSIONS: Table = StorageSession.__table__
 _EVENTS: Table = StorageEvent.__table__
 _APP_STATES: Table = StorageAppState.__table__
 _USER_STATES: Table = StorageUserState.__table__
+_EVENT_MAPPER = inspect(StorageEvent)
 
 _POSTGRESQL = "postgresql"
 _SQLITE = "sqlite"
 # One microsecond is the resolution of the revision column on both databases.
 _TICK = timedelta(microseconds=1)
+
+# Built once: constructing and cache-keying a statement costs more than sending it.
+_THIS_SESSION = and_(
+    _SESSIONS.c.app_name == bindparam("k_app"),
+    _SESSIONS.c.user_id == bindparam("k_user"),
+    _SESSIONS.c.id == bindparam("k_session"),
+)
+_CLAIM = update(_SESSIONS).where(_THIS_SESSION, _SESSIONS.c.update_time == bindparam("k_expected"))
+_CLAIM = _CLAIM.values(update_time=bindparam("k_revision"))
+# jsonb || is a shallow merge, exactly dict.update.
+_CLAIM_AND_MERGE = _CLAIM.values(state=_SESSIONS.c.state.op("||")(bindparam("k_delta", type_=postgresql.JSONB)))
+_CLAIM_RETURNING_STATE = _CLAIM.returning(_SESSIONS.c.state)
+_SET_SESSION_STATE = update(_SESSIONS).where(_THIS_SESSION).values(state=bindparam("k_state"))
+_SESSION_EXISTS = select(exists().where(_THIS_SESSION))
+_EVENT_EXISTS = select(
+    exists().where(
+        _EVENTS.c.id == bindparam("k_event"),
+        _EVENTS.c.app_name == bindparam("k_app"),
+        _EVENTS.c.user_id == bindparam("k_user"),
+        _EVENTS.c.session_id == bindparam("k_session"),
+    )
+)
+_INSERT_EVENT = _EVENTS.insert()
+_APP_STATE_OF = select(_APP_STATES.c.state).where(_APP_STATES.c.app_name == bindparam("k_app"))
+_USER_STATE_OF = select(_USER_STATES.c.state).where(
+    _USER_STATES.c.app_name == bindparam("k_app"), _USER_STATES.c.user_id == bindparam("k_user")
+)
+_INSERT_SESSION = (
+    _SESSIONS.insert()
+    .values(
+        app_name=bindparam("k_app"),
+        user_id=bindparam("k_user"),
+        id=bindparam("k_session"),
+        state=bindparam("k_state"),
+        create_time=bindparam("k_now"),
+        update_time=bindparam("k_now"),
+    )
+    # The shared state rows come back with the insert: no separate reads.
+    .returning(
+        _APP_STATE_OF.scalar_subquery().label("app_state"),
+        _USER_STATE_OF.scalar_subquery().label("user_state"),
+    )
+)
+_READ_SESSION = (
+    select(
+        _SESSIONS.c.state,
+        _SESSIONS.c.update_time,
+        _APP_STATES.c.state.label("app_state"),
+        _USER_STATES.c.state.label("user_state"),
+    )
+    .select_from(
+        _SESSIONS.outerjoin(_APP_STATES, _APP_STATES.c.app_name == _SESSIONS.c.app_name).outerjoin(
+            _USER_STATES,
+            and_(_USER_STATES.c.app_name == _SESSIONS.c.app_name, _USER_STATES.c.user_id == _SESSIONS.c.user_id),
+        )
+    )
+    .where(_THIS_SESSION)
+)
+_READ_EVENTS = (
+    select(_EVENTS.c.id, _EVENTS.c.invocation_id, _EVENTS.c.timestamp, _EVENTS.c.event_data)
+    .where(
+        _EVENTS.c.app_name == bindparam("k_app"),
+        _EVENTS.c.user_id == bindparam("k_user"),
+        _EVENTS.c.session_id == bindparam("k_session"),
+    )
+    .order_by(_EVENTS.c.timestamp.desc(), _EVENTS.c.id.desc())
+)
+_READ_EVENTS_AFTER = _READ_EVENTS.where(_EVENTS.c.timestamp >= bindparam("k_after"))
 
 
 def _is_disconnect(exc: BaseException) -> bool:
@@ -79,6 +155,28 @@ def _naive_utc(moment: datetime) -> datetime:
     return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
 
 
+def _key(session: Session) -> dict[str, str]:
+    return {"k_app": session.app_name, "k_user": session.user_id, "k_session": session.id}
+
+
+def _revision_after(current: datetime, event: Event) -> datetime:
+    """The revision an append writes: the event's time, or one tick past the one it replaces.
+
+    A compare-and-set on a value that can come back (an event timestamped at or before the
+    current revision) would let a writer holding that older revision win: revisions only ever
+    move forward here.
+    """
+    return max(timestamp_to_utc_datetime(event.timestamp), current + _TICK)
+
+
+def _insert_event_row(conn: Connection, row: StorageEvent) -> None:
+    """Insert ADK's event row as a flush would, hooks included, on this connection."""
+    state = inspect(row)
+    _EVENT_MAPPER.dispatch.before_insert(_EVENT_MAPPER, conn, state)
+    conn.execute(_INSERT_EVENT, {prop.columns[0].key: getattr(row, prop.key) for prop in _EVENT_MAPPER.column_attrs})
+    _EVENT_MAPPER.dispatch.after_insert(_EVENT_MAPPER, conn, state)
+
+
 class SessionStore(DatabaseSessionService):
     """A DatabaseSessionService whose writes are compare-and-set statements, not locking reads."""
 
@@ -87,12 +185,13 @@ class SessionStore(DatabaseSessionService):
             # The stock service pings every checkout; this one recovers from a dead connection.
             kwargs.setdefault("pool_pre_ping", False)
         super().__init__(db_url=db_url, db_engine=db_engine, **kwargs)
-        dialect = self.db_engine.dialect.name
-        self._dialect = dialect
+        self._dialect = self.db_engine.dialect.name
         # Reads need no transaction: BEGIN and the ROLLBACK at check-in are two round trips on
         # PostgreSQL. pysqlite opens no transaction for a SELECT anyway.
         self._read_engine = (
-            self.db_engine.execution_options(isolation_level="AUTOCOMMIT") if dialect == _POSTGRESQL else self.db_engine
+            self.db_engine.execution_options(isolation_level="AUTOCOMMIT")
+            if self._dialect == _POSTGRESQL
+            else self.db_engine
         )
 
     # --- Plumbing ---------------------------------------------------------------------------------
@@ -102,6 +201,11 @@ class SessionStore(DatabaseSessionService):
             self._dialect in (_POSTGRESQL, _SQLITE)
             and self._db_schema_version == _schema_check_utils.LATEST_SCHEMA_VERSION
         )
+
+    async def _in_one_greenlet(self, work: Callable[[Connection], T], *, read: bool = False) -> T:
+        engine = self._read_engine if read else self.db_engine
+        async with engine.connect() as conn:
+            return await conn.run_sync(work)
 
     async def _once_more_on_disconnect(self, operation: Callable[[], Awaitable[T]], *, what: str) -> T:
         """Run an idempotent `operation`, again on a fresh connection if the first one was dead."""
@@ -113,16 +217,6 @@ class SessionStore(DatabaseSessionService):
             # SQLAlchemy has invalidated the pool: the next checkout opens a fresh connection.
             logger.warning("ADK session store: connection lost during %s (%s); retrying once", what, exc.orig)
         return await operation()
-
-    @staticmethod
-    def _revision_after(current: datetime, event: Event) -> datetime:
-        """The revision an append writes: the event's time, or one tick past the one it replaces.
-
-        A compare-and-set on a value that can come back (an event timestamped at or before the
-        current revision) would let a writer holding that older revision win: revisions only
-        ever move forward here.
-        """
-        return max(timestamp_to_utc_datetime(event.timestamp), current + _TICK)
 
     # --- Appending --------------------------------------------------------------------------------
 
@@ -142,94 +236,75 @@ class SessionStore(DatabaseSessionService):
         async with self._with_session_lock(app_name=session.app_name, user_id=session.user_id, session_id=session.id):
             # Read under the lock: the previous append of this process may just have moved it.
             expected = _naive_utc(datetime.fromisoformat(session._storage_update_marker))
-            revision = self._revision_after(expected, event)
+            revision = _revision_after(expected, event)
+            row = StorageEvent.from_event(session, event)
 
-            append = {"session": session, "event": event, "deltas": deltas, "expected": expected, "revision": revision}
+            def append(conn: Connection) -> None:
+                self._append(conn, session=session, row=row, deltas=deltas, expected=expected, revision=revision)
+
             try:
-                await self._append_once(**append)
+                await self._in_one_greenlet(append)
             except DBAPIError as exc:
                 if not _is_disconnect(exc):
                     raise
                 logger.warning("ADK session store: connection lost during append_event (%s); retrying once", exc.orig)
                 # The COMMIT may have reached the server before the connection dropped: then the
                 # event is stored and a second attempt would only find its own revision "stale".
-                if not await self._event_stored(session=session, event=event):
-                    await self._append_once(**append)
+                if not await self._in_one_greenlet(lambda conn: self._event_stored(conn, session, event), read=True):
+                    await self._in_one_greenlet(append)
             session.last_update_time = utc_datetime_to_timestamp(revision)
             session._storage_update_marker = revision.isoformat(timespec="microseconds")
 
         return self._commit_event_to_session(session, event)
 
-    async def _append_once(
+    def _append(
         self,
+        conn: Connection,
         *,
         session: Session,
-        event: Event,
+        row: StorageEvent,
         deltas: dict[str, dict[str, Any]],
         expected: datetime,
         revision: datetime,
     ) -> None:
-        key = and_(
-            _SESSIONS.c.app_name == session.app_name,
-            _SESSIONS.c.user_id == session.user_id,
-            _SESSIONS.c.id == session.id,
-        )
-        async with self._rollback_on_exception_session() as sql:
-            claim = update(_SESSIONS).where(key, _SESSIONS.c.update_time == expected).values(update_time=revision)
-            session_delta = deltas["session"]
+        key = _key(session)
+        claim = {**key, "k_expected": expected, "k_revision": revision}
+        session_delta = deltas["session"]
+        with conn.begin():
             if self._dialect == _POSTGRESQL:
                 if session_delta:
-                    # jsonb || is a shallow merge, exactly dict.update.
-                    claim = claim.values(
-                        state=_SESSIONS.c.state.op("||")(bindparam("delta", session_delta, type_=postgresql.JSONB))
-                    )
-                if (await sql.execute(claim)).rowcount != 1:
-                    await self._raise_lost_race(sql=sql, key=key, session=session)
+                    claimed = conn.execute(_CLAIM_AND_MERGE, {**claim, "k_delta": session_delta}).rowcount
+                else:
+                    claimed = conn.execute(_CLAIM, claim).rowcount
+                if claimed != 1:
+                    self._raise_lost_race(conn, session)
             else:
-                row = (await sql.execute(claim.returning(_SESSIONS.c.state))).first()
-                if row is None:
-                    await self._raise_lost_race(sql=sql, key=key, session=session)
+                stored = conn.execute(_CLAIM_RETURNING_STATE, claim).first()
+                if stored is None:
+                    self._raise_lost_race(conn, session)
                 # The UPDATE above took SQLite's write lock: nobody can change the state in between.
                 if session_delta:
-                    merged = {**(row.state or {}), **session_delta}
-                    await sql.execute(update(_SESSIONS).where(key).values(state=merged))
+                    conn.execute(_SET_SESSION_STATE, {**key, "k_state": {**(stored.state or {}), **session_delta}})
             if deltas["app"]:
-                await self._merge_state_row(
-                    sql=sql, table=_APP_STATES, keys={"app_name": session.app_name}, delta=deltas["app"], when=revision
-                )
+                self._merge_state_row(conn, _APP_STATES, {"app_name": session.app_name}, deltas["app"], revision)
             if deltas["user"]:
-                await self._merge_state_row(
-                    sql=sql,
-                    table=_USER_STATES,
-                    keys={"app_name": session.app_name, "user_id": session.user_id},
-                    delta=deltas["user"],
-                    when=revision,
-                )
-            # Through the ORM, so that after_insert hooks on StorageEvent run in this transaction.
-            sql.add(StorageEvent.from_event(session, event))
-            await sql.commit()
+                keys = {"app_name": session.app_name, "user_id": session.user_id}
+                self._merge_state_row(conn, _USER_STATES, keys, deltas["user"], revision)
+            _insert_event_row(conn, row)
 
-    async def _raise_lost_race(self, *, sql: AsyncSession, key: Any, session: Session) -> None:
+    @staticmethod
+    def _raise_lost_race(conn: Connection, session: Session) -> None:
         # Only a lost compare-and-set pays for this read: was the session advanced, or is it gone?
-        found = (await sql.execute(select(exists().where(key)))).scalar()
-        if not found:
+        if not conn.execute(_SESSION_EXISTS, _key(session)).scalar():
             raise SessionNotFoundError(f"Session {session.id} not found.")
         raise StaleSessionError(_STALE_SESSION_ERROR_MESSAGE)
 
-    async def _event_stored(self, *, session: Session, event: Event) -> bool:
-        async with self._read_engine.connect() as conn:
-            statement = select(
-                exists().where(
-                    _EVENTS.c.id == event.id,
-                    _EVENTS.c.app_name == session.app_name,
-                    _EVENTS.c.user_id == session.user_id,
-                    _EVENTS.c.session_id == session.id,
-                )
-            )
-            return bool((await conn.execute(statement)).scalar())
+    @staticmethod
+    def _event_stored(conn: Connection, session: Session, event: Event) -> bool:
+        return bool(conn.execute(_EVENT_EXISTS, {**_key(session), "k_event": event.id}).scalar())
 
-    async def _merge_state_row(
-        self, *, sql: AsyncSession, table: Table, keys: dict[str, str], delta: dict[str, Any], when: datetime
+    def _merge_state_row(
+        self, conn: Connection, table: Table, keys: dict[str, str], delta: dict[str, Any], when: datetime
     ) -> dict[str, Any]:
         """Merge `delta` into an app or user state row (created if missing); the merged state."""
         if self._dialect == _POSTGRESQL:
@@ -241,15 +316,15 @@ class SessionStore(DatabaseSessionService):
                     "update_time": statement.excluded.update_time,
                 },
             ).returning(table.c.state)
-            return dict((await sql.execute(statement)).scalar_one())
+            return dict(conn.execute(statement).scalar_one())
         statement = sqlite.insert(table).values(**keys, state=delta, update_time=when)
         statement = statement.on_conflict_do_update(
             index_elements=list(keys), set_={"update_time": statement.excluded.update_time}
         ).returning(table.c.state)
-        current = dict((await sql.execute(statement)).scalar_one() or {})
+        current = dict(conn.execute(statement).scalar_one() or {})
         merged = {**current, **delta}
         if merged != current:
-            await sql.execute(
+            conn.execute(
                 update(table).where(*(table.c[name] == value for name, value in keys.items())).values(state=merged)
             )
         return merged
@@ -271,80 +346,53 @@ class SessionStore(DatabaseSessionService):
         deltas = _session_util.extract_json_safe_state_delta(state or {})
         now = datetime.fromtimestamp(platform_time.get_time(), tz=UTC).replace(tzinfo=None)
 
-        async def create() -> Session:
-            return await self._create_once(
-                app_name=app_name, user_id=user_id, session_id=session_id, deltas=deltas, now=now
-            )
+        def create(conn: Connection) -> Session:
+            return self._create(conn, app_name=app_name, user_id=user_id, session_id=session_id, deltas=deltas, now=now)
 
-        return await self._once_more_on_disconnect(create, what="create_session")
+        return await self._once_more_on_disconnect(lambda: self._in_one_greenlet(create), what="create_session")
 
-    async def _create_once(
-        self, *, app_name: str, user_id: str, session_id: str, deltas: dict[str, dict[str, Any]], now: datetime
+    def _create(
+        self,
+        conn: Connection,
+        *,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        deltas: dict[str, dict[str, Any]],
+        now: datetime,
     ) -> Session:
         app_keys = {"app_name": app_name}
         user_keys = {"app_name": app_name, "user_id": user_id}
-        async with self._rollback_on_exception_session() as sql:
+        with conn.begin():
             app_state = user_state = None
             if deltas["app"]:
-                app_state = await self._merge_state_row(
-                    sql=sql, table=_APP_STATES, keys=app_keys, delta=deltas["app"], when=now
-                )
+                app_state = self._merge_state_row(conn, _APP_STATES, app_keys, deltas["app"], now)
             if deltas["user"]:
-                user_state = await self._merge_state_row(
-                    sql=sql, table=_USER_STATES, keys=user_keys, delta=deltas["user"], when=now
-                )
-            insert_session = (
-                _SESSIONS.insert()
-                .values(
-                    app_name=app_name,
-                    user_id=user_id,
-                    id=session_id,
-                    state=deltas["session"],
-                    create_time=now,
-                    update_time=now,
-                )
-                # The shared state rows come back with the insert: no separate reads.
-                .returning(
-                    select(_APP_STATES.c.state)
-                    .where(_APP_STATES.c.app_name == app_name)
-                    .scalar_subquery()
-                    .label("app_state"),
-                    select(_USER_STATES.c.state)
-                    .where(_USER_STATES.c.app_name == app_name, _USER_STATES.c.user_id == user_id)
-                    .scalar_subquery()
-                    .label("user_state"),
-                )
-            )
+                user_state = self._merge_state_row(conn, _USER_STATES, user_keys, deltas["user"], now)
+            values = {"k_app": app_name, "k_user": user_id, "k_session": session_id, "k_state": deltas["session"]}
             try:
-                row = (await sql.execute(insert_session)).one()
+                inserted = conn.execute(_INSERT_SESSION, {**values, "k_now": now}).one()
             except IntegrityError:
                 raise AlreadyExistsError(f"Session with id {session_id} already exists.") from None
             if app_state is None:
-                app_state = (
-                    row.app_state
-                    if row.app_state is not None
-                    else await self._ensure_state_row(sql=sql, table=_APP_STATES, keys=app_keys, when=now)
-                )
+                app_state = inserted.app_state
+                if app_state is None:
+                    app_state = self._ensure_state_row(conn, _APP_STATES, app_keys, now)
             if user_state is None:
-                user_state = (
-                    row.user_state
-                    if row.user_state is not None
-                    else await self._ensure_state_row(sql=sql, table=_USER_STATES, keys=user_keys, when=now)
-                )
-            await sql.commit()
+                user_state = inserted.user_state
+                if user_state is None:
+                    user_state = self._ensure_state_row(conn, _USER_STATES, user_keys, now)
         storage_session = StorageSession(app_name=app_name, user_id=user_id, id=session_id, update_time=now)
         return storage_session.to_session(state=_merge_state(app_state, user_state, deltas["session"]))
 
-    async def _ensure_state_row(
-        self, *, sql: AsyncSession, table: Table, keys: dict[str, str], when: datetime
-    ) -> dict[str, Any]:
+    def _ensure_state_row(self, conn: Connection, table: Table, keys: dict[str, str], when: datetime) -> dict[str, Any]:
         """Create an empty app or user state row; if a concurrent creator won, its state."""
         dialect_insert = postgresql.insert if self._dialect == _POSTGRESQL else sqlite.insert
         statement = dialect_insert(table).values(**keys, state={}, update_time=when).on_conflict_do_nothing()
-        if (await sql.execute(statement)).rowcount == 1:
+        if conn.execute(statement).rowcount == 1:
             return {}
         existing = select(table.c.state).where(*(table.c[name] == value for name, value in keys.items()))
-        return dict((await sql.execute(existing)).scalar_one() or {})
+        return dict(conn.execute(existing).scalar_one() or {})
 
     # --- Reading ----------------------------------------------------------------------------------
 
@@ -359,57 +407,21 @@ class SessionStore(DatabaseSessionService):
         await self.prepare_tables()
         if not self._fast():
             return await super().get_session(app_name=app_name, user_id=user_id, session_id=session_id, config=config)
+        key = {"k_app": app_name, "k_user": user_id, "k_session": session_id}
 
-        async def read() -> Session | None:
-            return await self._read_session(app_name=app_name, user_id=user_id, session_id=session_id, config=config)
+        def read(conn: Connection) -> tuple[Row | None, list[Row]]:
+            return self._read(conn, key=key, config=config)
 
-        return await self._once_more_on_disconnect(read, what="get_session")
-
-    async def _read_session(
-        self, *, app_name: str, user_id: str, session_id: str, config: GetSessionConfig | None
-    ) -> Session | None:
-        session_row = (
-            select(
-                _SESSIONS.c.state,
-                _SESSIONS.c.update_time,
-                _APP_STATES.c.state.label("app_state"),
-                _USER_STATES.c.state.label("user_state"),
-            )
-            .select_from(
-                _SESSIONS.outerjoin(_APP_STATES, _APP_STATES.c.app_name == _SESSIONS.c.app_name).outerjoin(
-                    _USER_STATES,
-                    and_(
-                        _USER_STATES.c.app_name == _SESSIONS.c.app_name, _USER_STATES.c.user_id == _SESSIONS.c.user_id
-                    ),
-                )
-            )
-            .where(_SESSIONS.c.app_name == app_name, _SESSIONS.c.user_id == user_id, _SESSIONS.c.id == session_id)
+        found, event_rows = await self._once_more_on_disconnect(
+            lambda: self._in_one_greenlet(read, read=True), what="get_session"
         )
-        async with self._read_engine.connect() as conn:
-            # The session row first: its revision can then only be older than the events read
-            # next, so a racing append makes the next write stale instead of silently skipping
-            # an event this copy never saw.
-            row = (await conn.execute(session_row)).first()
-            if row is None:
-                return None
-            event_rows = []
-            if not (config and config.num_recent_events == 0):
-                events = (
-                    select(_EVENTS.c.id, _EVENTS.c.invocation_id, _EVENTS.c.timestamp, _EVENTS.c.event_data)
-                    .where(
-                        _EVENTS.c.app_name == app_name, _EVENTS.c.user_id == user_id, _EVENTS.c.session_id == session_id
-                    )
-                    .order_by(_EVENTS.c.timestamp.desc(), _EVENTS.c.id.desc())
-                )
-                if config and config.after_timestamp:
-                    after = datetime.fromtimestamp(config.after_timestamp, tz=UTC).replace(tzinfo=None)
-                    events = events.where(_EVENTS.c.timestamp >= after)
-                if config and config.num_recent_events is not None:
-                    events = events.limit(config.num_recent_events)
-                event_rows = (await conn.execute(events)).all()
-        storage_session = StorageSession(app_name=app_name, user_id=user_id, id=session_id, update_time=row.update_time)
+        if found is None:
+            return None
+        storage_session = StorageSession(
+            app_name=app_name, user_id=user_id, id=session_id, update_time=found.update_time
+        )
         return storage_session.to_session(
-            state=_merge_state(row.app_state or {}, row.user_state or {}, row.state or {}),
+            state=_merge_state(found.app_state or {}, found.user_state or {}, found.state or {}),
             events=[
                 StorageEvent(
                     id=e.id, invocation_id=e.invocation_id, timestamp=e.timestamp, event_data=e.event_data
@@ -417,6 +429,24 @@ class SessionStore(DatabaseSessionService):
                 for e in reversed(event_rows)
             ],
         )
+
+    @staticmethod
+    def _read(
+        conn: Connection, *, key: dict[str, str], config: GetSessionConfig | None
+    ) -> tuple[Row | None, list[Row]]:
+        # The session row first: its revision can then only be older than the events read next,
+        # so a racing append makes the next write stale instead of silently skipping an event
+        # this copy never saw.
+        found = conn.execute(_READ_SESSION, key).first()
+        if found is None or (config and config.num_recent_events == 0):
+            return found, []
+        events, params = _READ_EVENTS, dict(key)
+        if config and config.after_timestamp:
+            events = _READ_EVENTS_AFTER
+            params["k_after"] = datetime.fromtimestamp(config.after_timestamp, tz=UTC).replace(tzinfo=None)
+        if config and config.num_recent_events is not None:
+            events = events.limit(config.num_recent_events)
+        return found, list(conn.execute(events, params).all())
 
     async def list_sessions(self, *, app_name: str, user_id: str | None = None) -> ListSessionsResponse:
         async def read() -> ListSessionsResponse:
