@@ -290,7 +290,9 @@ def remember_events(*, run: AgentRun, events: Sequence[Event]) -> int:
         session_id=run.session_id,
         run_id=run.run_id,
     )
-    with transaction.atomic():
+    # The worker already holds a savepoint around this call: a second one would only add a
+    # SAVEPOINT and a RELEASE to every successful run.
+    with transaction.atomic(savepoint=False):
         added = ingest(agent=run.agent_name, owner_id=run.owner_id, items=items)
     logger.info("Run %s: %d new memories for %s/%s", run.run_id, added, run.agent_name, run.owner_id)
     return added
