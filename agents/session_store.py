@@ -389,7 +389,8 @@ class SessionStore(DatabaseSessionService):
         """Create an empty app or user state row; if a concurrent creator won, its state."""
         dialect_insert = postgresql.insert if self._dialect == _POSTGRESQL else sqlite.insert
         statement = dialect_insert(table).values(**keys, state={}, update_time=when).on_conflict_do_nothing()
-        if conn.execute(statement).rowcount == 1:
+        # RETURNING, not the row count: an INSERT's row count is not reliable across drivers.
+        if conn.execute(statement.returning(table.c.state)).first() is not None:
             return {}
         existing = select(table.c.state).where(*(table.c[name] == value for name, value in keys.items()))
         return dict(conn.execute(existing).scalar_one() or {})
