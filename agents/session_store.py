@@ -4,13 +4,15 @@ Same tables, same rows, same classes and the same contract as the stock service 
 and any other ADK tool can share the database), but fewer statements on the paths a run takes:
 
 - `append_event` is a compare-and-set: `UPDATE sessions … WHERE update_time = <the revision
-  this copy was loaded at>` and a row count, instead of `SELECT … FOR UPDATE` and comparing in
-  Python. The winner holds the row lock until its commit; a concurrent writer of the same
-  revision then matches no row and gets `StaleSessionError`, exactly as with the locking read.
-  App and user state rows are written only when the event carries a delta for them. On
-  PostgreSQL that is UPDATE + INSERT + COMMIT; on SQLite a session-state delta adds one
-  statement, because SQLite has no shallow JSON merge and the row is read back under the write
-  lock instead.
+  this copy was loaded at>`, instead of `SELECT … FOR UPDATE` and comparing in Python. The
+  winner holds the row lock until its commit; a concurrent writer of the same revision then
+  matches no row and gets `StaleSessionError`, exactly as with the locking read. App and user
+  state rows are written only when the event carries a delta for them. On PostgreSQL the
+  UPDATE and the event's INSERT are one statement (`WITH claimed AS (UPDATE … RETURNING)
+  INSERT … SELECT … FROM claimed RETURNING`: no claimed row, no event row) and a COMMIT. On
+  SQLite, which has no data-modifying CTE, they are two statements, and a session-state delta
+  adds a third, because SQLite has no shallow JSON merge and the row is read back under the
+  write lock instead.
 - The event row is ADK's `StorageEvent`, built by `StorageEvent.from_event` and inserted with
   the mapping's own `before_insert`/`after_insert` hooks run on the same connection, exactly
   where a flush would run them: the tool journal (runs/journal.py) writes its rows in the
@@ -21,8 +23,8 @@ and any other ADK tool can share the database), but fewer statements on the path
   as the stock service's READ COMMITTED transaction does, and the session row is read first so
   that a copy can only ever be older than its events, never newer).
 - `create_session` inserts the session and reads both state rows in the same statement.
-- Each operation runs its statements in one greenlet (`run_sync`) from statements built once,
-  instead of paying SQLAlchemy's async bridge and statement construction per statement.
+- Each operation runs in one greenlet on the engine's synchronous face, from statements built
+  once, instead of paying SQLAlchemy's async bridge and statement construction per statement.
 - No pre-ping per checkout. A connection that broke while idle in the pool fails its first
   statement with a disconnect error; SQLAlchemy then invalidates the pool, and the operation is
   retried once on a fresh connection. An append first checks whether its event row made it in
@@ -62,6 +64,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.util import greenlet_spawn
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +103,23 @@ _EVENT_EXISTS = select(
     )
 )
 _INSERT_EVENT = _EVENTS.insert()
+# (attribute, column) of every column StorageEvent maps.
+_EVENT_COLUMNS = [(prop.key, prop.columns[0].key) for prop in _EVENT_MAPPER.column_attrs]
+
+
+def _claim_then_insert(claim: Any) -> Any:
+    """One statement: the event row is inserted only if `claim` matched the session's revision."""
+    claimed = claim.returning(_SESSIONS.c.id).cte("claimed")
+    row = select(*(bindparam(f"e_{column}", type_=_EVENTS.c[column].type) for _, column in _EVENT_COLUMNS))
+    return (
+        _EVENTS.insert()
+        .from_select([column for _, column in _EVENT_COLUMNS], row.select_from(claimed))
+        .returning(_EVENTS.c.id)
+    )
+
+
+_APPEND = _claim_then_insert(_CLAIM)
+_APPEND_AND_MERGE = _claim_then_insert(_CLAIM_AND_MERGE)
 _APP_STATE_OF = select(_APP_STATES.c.state).where(_APP_STATES.c.app_name == bindparam("k_app"))
 _USER_STATE_OF = select(_USER_STATES.c.state).where(
     _USER_STATES.c.app_name == bindparam("k_app"), _USER_STATES.c.user_id == bindparam("k_user")
@@ -169,12 +189,18 @@ def _revision_after(current: datetime, event: Event) -> datetime:
     return max(timestamp_to_utc_datetime(event.timestamp), current + _TICK)
 
 
-def _insert_event_row(conn: Connection, row: StorageEvent) -> None:
-    """Insert ADK's event row as a flush would, hooks included, on this connection."""
+def _insert_event_row(conn: Connection, row: StorageEvent, *, insert: Callable[[dict[str, Any]], bool]) -> bool:
+    """Insert ADK's event row as a flush would, hooks included, on this connection.
+
+    `insert` gets the row's column values and says whether the row went in; the after_insert
+    hooks run only if it did.
+    """
     state = inspect(row)
     _EVENT_MAPPER.dispatch.before_insert(_EVENT_MAPPER, conn, state)
-    conn.execute(_INSERT_EVENT, {prop.columns[0].key: getattr(row, prop.key) for prop in _EVENT_MAPPER.column_attrs})
+    if not insert({column: getattr(row, attribute) for attribute, column in _EVENT_COLUMNS}):
+        return False
     _EVENT_MAPPER.dispatch.after_insert(_EVENT_MAPPER, conn, state)
+    return True
 
 
 class SessionStore(DatabaseSessionService):
@@ -203,9 +229,14 @@ class SessionStore(DatabaseSessionService):
         )
 
     async def _in_one_greenlet(self, work: Callable[[Connection], T], *, read: bool = False) -> T:
-        engine = self._read_engine if read else self.db_engine
-        async with engine.connect() as conn:
-            return await conn.run_sync(work)
+        # What AsyncConnection.run_sync does, minus the two extra greenlets for connect and close.
+        engine = (self._read_engine if read else self.db_engine).sync_engine
+
+        def checked_out() -> T:
+            with engine.connect() as conn:
+                return work(conn)
+
+        return await greenlet_spawn(checked_out)
 
     async def _once_more_on_disconnect(self, operation: Callable[[], Awaitable[T]], *, what: str) -> T:
         """Run an idempotent `operation`, again on a fresh connection if the first one was dead."""
@@ -272,11 +303,15 @@ class SessionStore(DatabaseSessionService):
         session_delta = deltas["session"]
         with conn.begin():
             if self._dialect == _POSTGRESQL:
+                statement = _APPEND_AND_MERGE if session_delta else _APPEND
                 if session_delta:
-                    claimed = conn.execute(_CLAIM_AND_MERGE, {**claim, "k_delta": session_delta}).rowcount
-                else:
-                    claimed = conn.execute(_CLAIM, claim).rowcount
-                if claimed != 1:
+                    claim["k_delta"] = session_delta
+
+                def claim_and_insert(values: dict[str, Any]) -> bool:
+                    params = {**claim, **{f"e_{column}": value for column, value in values.items()}}
+                    return conn.execute(statement, params).first() is not None
+
+                if not _insert_event_row(conn, row, insert=claim_and_insert):
                     self._raise_lost_race(conn, session)
             else:
                 stored = conn.execute(_CLAIM_RETURNING_STATE, claim).first()
@@ -285,12 +320,17 @@ class SessionStore(DatabaseSessionService):
                 # The UPDATE above took SQLite's write lock: nobody can change the state in between.
                 if session_delta:
                     conn.execute(_SET_SESSION_STATE, {**key, "k_state": {**(stored.state or {}), **session_delta}})
+
+                def insert(values: dict[str, Any]) -> bool:
+                    conn.execute(_INSERT_EVENT, values)
+                    return True
+
+                _insert_event_row(conn, row, insert=insert)
             if deltas["app"]:
                 self._merge_state_row(conn, _APP_STATES, {"app_name": session.app_name}, deltas["app"], revision)
             if deltas["user"]:
                 keys = {"app_name": session.app_name, "user_id": session.user_id}
                 self._merge_state_row(conn, _USER_STATES, keys, deltas["user"], revision)
-            _insert_event_row(conn, row)
 
     @staticmethod
     def _raise_lost_race(conn: Connection, session: Session) -> None:

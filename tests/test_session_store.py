@@ -463,11 +463,16 @@ def test_a_session_the_stock_service_created_is_extended_by_the_store(store, sto
 # --- What an append costs ---------------------------------------------------------------------------
 
 
-def test_an_event_without_state_is_an_update_an_insert_and_a_commit(store, app):
+# PostgreSQL claims the revision and inserts the event in one statement (WITH claimed AS (UPDATE
+# …) INSERT …); SQLite has no data-modifying CTE and sends the UPDATE and the INSERT apart.
+CLAIM_AND_INSERT = ["WITH"] if connection.vendor == "postgresql" else ["UPDATE", "INSERT"]
+
+
+def test_an_event_without_state_is_one_claim_and_insert_and_a_commit(store, app):
     session = run(store.create_session(app_name=app, user_id="u"))
     with statements(store) as sent:
         run(store.append_event(session, user_event(content=types.Content(role="user", parts=[types.Part(text="hi")]))))
-    assert sent == ["UPDATE", "INSERT", "COMMIT"]
+    assert sent == [*CLAIM_AND_INSERT, "COMMIT"]
 
 
 def test_state_tables_are_written_only_for_their_own_delta(store, app):
@@ -476,14 +481,14 @@ def test_state_tables_are_written_only_for_their_own_delta(store, app):
         run(store.append_event(session, user_event(state_delta={"k": 1, "temp:t": 1})))
     with statements(store) as user_delta:
         run(store.append_event(session, user_event(state_delta={"user:k": 1})))
-    # PostgreSQL merges the session's JSON in the UPDATE itself; SQLite reads it back under its
+    # PostgreSQL merges the session's JSON in the claim itself; SQLite reads it back under its
     # write lock and writes it in a second UPDATE.
     if connection.vendor == "postgresql":
-        assert session_delta == ["UPDATE", "INSERT", "COMMIT"]
-        assert user_delta == ["UPDATE", "INSERT", "INSERT", "COMMIT"]
+        assert session_delta == ["WITH", "COMMIT"]
+        assert user_delta == ["WITH", "INSERT", "COMMIT"]
     else:
         assert session_delta == ["UPDATE", "UPDATE", "INSERT", "COMMIT"]
-        assert user_delta == ["UPDATE", "INSERT", "UPDATE", "INSERT", "COMMIT"]
+        assert user_delta == ["UPDATE", "INSERT", "INSERT", "UPDATE", "COMMIT"]
 
 
 def test_creating_and_reading_a_session_cost_one_and_two_statements(store, app):
