@@ -1,4 +1,7 @@
-"""ADK's DatabaseSessionService on Django's own database.
+"""ADK's session service on Django's own database.
+
+The service is `agents.session_store.SessionStore`: ADK's DatabaseSessionService (same tables,
+same contract) whose event append is one compare-and-set transaction.
 
 The URL is derived from the *active* Django connection each time a service is built, so the
 test database is used under tests and a deployment configures one variable, DATABASE_URL.
@@ -20,11 +23,12 @@ from typing import Any, TypeVar
 from asgiref.sync import SyncToAsync
 from django.conf import settings
 from django.db import connections
-from google.adk.sessions.database_session_service import DatabaseSessionService
 from sqlalchemy import event, text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
+
+from agents.session_store import SessionStore
 
 T = TypeVar("T")
 
@@ -67,7 +71,9 @@ def create_adk_engine(*, pooled: bool = True) -> AsyncEngine:
             pool_size=settings.ADK_DB_POOL_SIZE,
             max_overflow=settings.ADK_DB_MAX_OVERFLOW,
             pool_recycle=settings.ADK_DB_POOL_RECYCLE_SECONDS,
-            pool_pre_ping=True,
+            # A ping per checkout is a round trip per event; SessionStore retries once instead
+            # when a pooled connection turns out to be dead.
+            pool_pre_ping=False,
         )
     else:
         kwargs["poolclass"] = NullPool
@@ -79,16 +85,16 @@ def create_adk_engine(*, pooled: bool = True) -> AsyncEngine:
     return engine
 
 
-def create_session_service(*, pooled: bool = True) -> DatabaseSessionService:
-    return DatabaseSessionService(db_engine=create_adk_engine(pooled=pooled))
+def create_session_service(*, pooled: bool = True) -> SessionStore:
+    return SessionStore(db_engine=create_adk_engine(pooled=pooled))
 
 
-_services: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, DatabaseSessionService]]
+_services: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, SessionStore]]
 _services = weakref.WeakKeyDictionary()
 _services_lock = threading.Lock()
 
 
-def session_service() -> DatabaseSessionService:
+def session_service() -> SessionStore:
     """The session service for the running loop and the active database."""
     loop = asyncio.get_running_loop()
     key = adk_database_url().render_as_string(hide_password=False)

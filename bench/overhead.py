@@ -1,29 +1,36 @@
 """What durability costs per run, against the ADK runner alone.
 
-The `support` agent's default script (3 tool calls, then an answer) on the scripted model, on
-PostgreSQL, three contenders interleaved block by block:
+Per event first: one `append_event` through ADK's stock DatabaseSessionService (as ADK builds it
+for a URL: pre-ping on) and through Agent Ledger's SessionStore, on the same database, in
+alternating blocks.
 
-  (a) ADK runner + InMemorySessionService
-  (b) ADK runner + DatabaseSessionService on the same database
-  (c) a full Agent Ledger run in-process: row, claim, journal, heartbeat, settle (and whatever
-      else the executor does on success)
+Then per run: the `support` agent's default script (3 tool calls, then an answer) on the
+scripted model, on PostgreSQL, four contenders interleaved block by block:
 
-All three use the same agent, the same tools (which write their outbox / CRM rows), and the
-same long-lived event loop. A separate accounting pass counts commits (pg_stat_database),
-SQL statements (Django and SQLAlchemy hooks) and where the time goes.
+  (a)  ADK runner + InMemorySessionService
+  (b)  ADK runner + ADK's stock DatabaseSessionService on the same database
+  (b') ADK runner + SessionStore, the session service Agent Ledger runs on
+  (c)  a full Agent Ledger run in-process: row, claim, journal, heartbeat, settle (and whatever
+       else the executor does on success)
 
-    python bench/overhead.py [--runs 200] [--warmup 20] [--block 10]
+All of them use the same agent, the same tools (which write their outbox / CRM rows), and the
+same long-lived event loop. A separate accounting pass reads libpq's protocol trace of every
+connection (SQLAlchemy's and Django's) to count statements, round trips and commits exactly,
+and times where the time of (c) goes.
+
+    python bench/overhead.py [--runs 200] [--warmup 20] [--block 10] [--events 400]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
+import tempfile
 import time
 import uuid
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 from _benchdb import bench_database
 from _common import print_table, save_results, summary
@@ -44,21 +51,126 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=20, help="untimed runs per contender first")
     parser.add_argument("--block", type=int, default=10, help="runs per contender before switching")
     parser.add_argument("--accounting-runs", type=int, default=30)
+    parser.add_argument("--events", type=int, default=400, help="timed appends per session service")
     args = parser.parse_args()
-    if min(args.runs, args.block, args.accounting_runs) < 1 or args.warmup < 0:
-        parser.error("--runs, --block and --accounting-runs must be positive, --warmup not negative")
+    if min(args.runs, args.block, args.accounting_runs, args.events) < 1 or args.warmup < 0:
+        parser.error("--runs, --block, --events and --accounting-runs must be positive, --warmup not negative")
     return args
 
 
-def measure(args: argparse.Namespace) -> None:
+# --- What goes over the wire ---------------------------------------------------------------------
 
-    from django.db import connection
+WRITES = ("INSERT", "UPDATE", "DELETE")
+
+
+@dataclass
+class _TraceReader:
+    """Follows one connection's libpq trace: statements, round trips and commits since last read."""
+
+    path: str
+    offset: int = 0
+    in_transaction: bool = False
+    prepared: dict[str, str] = field(default_factory=dict)
+    bound: str = ""
+
+    def read(self, counts: dict[str, float]) -> None:
+        with open(self.path, encoding="utf-8", errors="replace") as handle:
+            handle.seek(self.offset)
+            chunk = handle.read()
+        complete = chunk[: chunk.rfind("\n") + 1]
+        self.offset += len(complete.encode("utf-8", errors="replace"))
+        for line in complete.splitlines():
+            self._line(line, counts)
+
+    def _statement(self, sql: str, counts: dict[str, float]) -> None:
+        counts["statements"] += 1
+        # A write outside BEGIN … COMMIT is a transaction of its own.
+        if not self.in_transaction and sql.lstrip().split(None, 1)[0].upper() in WRITES:
+            counts["commits"] += 1
+
+    def _line(self, line: str, counts: dict[str, float]) -> None:
+        parts = line.split("\t")
+        if len(parts) < 3:
+            return
+        side, message, rest = parts[0], parts[2], parts[3] if len(parts) > 3 else ""
+        if side == "B" and message == "ReadyForQuery":
+            counts["round_trips"] += 1
+            self.in_transaction = rest.strip() in ("T", "E")
+        elif side == "F" and message == "Query":
+            sql = rest.strip().strip('"')
+            word = sql.split(None, 1)[0].upper() if sql else ""
+            if word == "BEGIN":
+                self.in_transaction = True
+            elif word == "COMMIT":
+                counts["commits"] += 1
+            elif word != "ROLLBACK":
+                self._statement(sql, counts)
+        elif side == "F" and message == "Parse":
+            name, _, sql = rest.strip().partition(" ")
+            self.prepared[name.strip('"')] = sql.strip().strip('"')
+        elif side == "F" and message == "Bind":
+            names = rest.strip().split(" ")
+            self.bound = self.prepared.get(names[1].strip('"'), "") if len(names) > 1 else ""
+        elif side == "F" and message == "Execute":
+            self._statement(self.bound or "SELECT", counts)
+
+
+class Wire:
+    """libpq's protocol trace on every new connection of a source (an engine, or Django)."""
+
+    def __init__(self) -> None:
+        self.directory = tempfile.mkdtemp(prefix="bench-wire-")
+        self.readers: list[_TraceReader] = []
+
+    def trace(self, pgconn) -> None:
+        import psycopg
+
+        path = os.path.join(self.directory, f"{len(self.readers)}.trace")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        pgconn.trace(fd)
+        pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE)
+        self.readers.append(_TraceReader(path))
+
+    def take(self) -> dict[str, float]:
+        counts: dict[str, float] = defaultdict(float)
+        for reader in self.readers:
+            reader.read(counts)
+        return counts
+
+
+def trace_engine(engine, wire: Wire) -> None:
+    """Trace `engine`'s connections from now on (its pool is emptied so that all are new)."""
+    from sqlalchemy import event
+
+    def on_connect(dbapi_connection, _record) -> None:
+        wire.trace(dbapi_connection.driver_connection.pgconn)
+
+    event.listen(engine.sync_engine, "connect", on_connect)
+
+
+def trace_django(wire: Wire) -> None:
+    """Trace every Django connection opened from now on (this thread's, the ORM thread's, beats')."""
+    from asgiref.sync import SyncToAsync
+    from django.db import connections
+    from django.db.backends.signals import connection_created
+
+    def on_created(sender, connection, **kwargs) -> None:
+        wire.trace(connection.connection.pgconn)
+
+    connection_created.connect(on_created, weak=False)
+    connections.close_all()
+    SyncToAsync.single_thread_executor.submit(connections.close_all).result()
+
+
+def measure(args: argparse.Namespace) -> None:
     from google.adk.apps import App
     from google.adk.runners import Runner
     from google.adk.sessions import InMemorySessionService
+    from google.adk.sessions.database_session_service import DatabaseSessionService
     from google.genai import types
+    from sqlalchemy.ext.asyncio import create_async_engine
 
-    from agents.adk import run_coroutine, session_service
+    from agents.adk import adk_database_url, run_coroutine, session_service
     from agents.models import Customer
     from agents.registry import build_agent, get_agent_spec
     from runs import executor, services
@@ -78,16 +190,36 @@ def measure(args: argparse.Namespace) -> None:
             pass
         await runner.close()
 
-    async def database_service():
-        return session_service()
+    async def services_on_this_loop():
+        # ADK's stock service as ADK builds it from a URL (pre-ping on), with the same pool
+        # size as Agent Ledger's; the store is the one every Agent Ledger run uses.
+        from django.conf import settings
 
-    database_sessions = run_coroutine(database_service())
+        stock_engine = create_async_engine(
+            adk_database_url(),
+            pool_size=settings.ADK_DB_POOL_SIZE,
+            max_overflow=settings.ADK_DB_MAX_OVERFLOW,
+            pool_recycle=settings.ADK_DB_POOL_RECYCLE_SECONDS,
+            pool_pre_ping=True,
+        )
+        return DatabaseSessionService(db_engine=stock_engine), session_service()
+
+    stock_sessions, store_sessions = run_coroutine(services_on_this_loop())
+    stores = {"stock": stock_sessions, "store": store_sessions}
+    store_labels = {
+        "stock": "ADK DatabaseSessionService (pre-ping)",
+        "store": "SessionStore (compare-and-set)",
+        "journal": "SessionStore, function call + journal row",
+    }
 
     def run_a() -> None:
         run_coroutine(adk_run(in_memory))
 
     def run_b() -> None:
-        run_coroutine(adk_run(database_sessions))
+        run_coroutine(adk_run(stock_sessions))
+
+    def run_b_prime() -> None:
+        run_coroutine(adk_run(store_sessions))
 
     def run_c() -> None:
         run = services.start_run(
@@ -97,17 +229,19 @@ def measure(args: argparse.Namespace) -> None:
         if status != "success":
             raise SystemExit(f"an Agent Ledger run ended {status}; the benchmark is void")
 
-    contenders = {"a": run_a, "b": run_b, "c": run_c}
+    contenders = {"a": run_a, "b": run_b, "b'": run_b_prime, "c": run_c}
     labels = {
         "a": "ADK runner + InMemorySessionService",
-        "b": "ADK runner + DatabaseSessionService",
+        "b": "ADK runner + ADK DatabaseSessionService",
+        "b'": "ADK runner + SessionStore",
         "c": "Agent Ledger run (in-process)",
     }
+
+    event_timings = time_events(stores, args, run_coroutine)
 
     for _ in range(args.warmup):
         for run in contenders.values():
             run()
-
     timings: dict[str, list[float]] = defaultdict(list)
     done = 0
     while done < args.runs:
@@ -119,14 +253,39 @@ def measure(args: argparse.Namespace) -> None:
                 timings[key].append((time.perf_counter() - started) * 1000)
         done += block
 
-    accounting = account(contenders, args.accounting_runs, connection, database_sessions)
-    stats = {key: summary(values) for key, values in timings.items()}
+    # Timed before any tracing: libpq's trace writes a line per protocol message.
+    breakdown = time_parts(run_c, args.accounting_runs, store_sessions)
+    wires = {"stock": Wire(), "store": Wire(), "django": Wire()}
+    for name in ("stock", "store"):
+        trace_engine(stores[name].db_engine, wires[name])
+        run_coroutine(stores[name].db_engine.dispose())
+    trace_django(wires["django"])
+    event_accounting = account_events(stores, wires, args.accounting_runs * 4, run_coroutine)
+    accounting = account_runs(contenders, wires, args.accounting_runs)
+    accounting["c"]["breakdown"] = breakdown
 
+    event_stats = {key: summary(values) for key, values in event_timings.items()}
+    print(f"\nPer event: append_event, {args.events} appends per service (alternating blocks), PostgreSQL\n")
+    print_table(
+        ["session service", "ms p50", "ms p95", "statements", "round trips", "commits"],
+        [
+            [
+                store_labels[key],
+                f"{event_stats[key]['median']:.2f}",
+                f"{event_stats[key]['p95']:.2f}",
+                f"{event_accounting[key]['statements']:.1f}",
+                f"{event_accounting[key]['round_trips']:.1f}",
+                f"{event_accounting[key]['commits']:.1f}",
+            ]
+            for key in store_labels
+        ],
+    )
+
+    stats = {key: summary(values) for key, values in timings.items()}
     print(f"\nPer run, {args.runs} runs per contender (interleaved in blocks of {args.block}), PostgreSQL\n")
     rows = []
     for key in contenders:
-        s = stats[key]
-        acc = accounting[key]
+        s, acc = stats[key], accounting[key]
         rows.append(
             [
                 f"({key}) {labels[key]}",
@@ -135,158 +294,236 @@ def measure(args: argparse.Namespace) -> None:
                 f"{s['median'] / TOOL_CALLS_PER_RUN:.1f}",
                 f"{acc['commits']:.1f}",
                 f"{acc['statements']:.1f}",
+                f"{acc['round_trips']:.1f}",
             ]
         )
-    print_table(["contender", "ms/run p50", "ms/run p95", "ms/tool call", "commits/run", "statements/run"], rows)
+    print_table(
+        ["contender", "ms/run p50", "ms/run p95", "ms/tool call", "commits/run", "statements/run", "round trips/run"],
+        rows,
+    )
 
-    c_over_b = stats["c"]["median"] / stats["b"]["median"]
-    c_over_a = stats["c"]["median"] / stats["a"]["median"]
-    print(f"\nc/b = {c_over_b:.2f}   (target ≤ 1.10)")
-    print(f"c/a = {c_over_a:.2f}   (longer-term goal ≤ 2)")
+    ratios = {
+        "b/a": stats["b"]["median"] / stats["a"]["median"],
+        "b'/a": stats["b'"]["median"] / stats["a"]["median"],
+        "c/b'": stats["c"]["median"] / stats["b'"]["median"],
+        "c/a": stats["c"]["median"] / stats["a"]["median"],
+    }
+    ledger_statements_per_call = (accounting["c"]["statements"] - accounting["b'"]["statements"]) / TOOL_CALLS_PER_RUN
+    print()
+    for name, value in ratios.items():
+        print(f"{name:5} = {value:.2f}")
+    print("c/a target ≤ 2.5 (moonshot 2.0)")
+    print(f"ledger + journal statements per tool call, (c − b') / {TOOL_CALLS_PER_RUN}: {ledger_statements_per_call:.1f}")
 
-    print("\nWhere the time of one Agent Ledger run goes (accounting pass, ms per run):")
-    breakdown = accounting["c"]["breakdown"]
+    print("\nStatements per run by connection (accounting pass):")
+    print_table(
+        ["contender", "ADK stock engine", "SessionStore engine", "Django"],
+        [
+            [f"({key})"] + [f"{accounting[key]['by_source'][name]:.1f}" for name in ("stock", "store", "django")]
+            for key in contenders
+        ],
+    )
+    print("\nWhere the time of one Agent Ledger run goes (a separate untraced pass, ms per run):")
     print_table(
         ["part", "ms/run", "calls/run"],
         [[part, f"{ms:.2f}", f"{calls:.1f}"] for part, (ms, calls) in breakdown.items()],
     )
-    print("\nCommits per run by source (c):", accounting["c"]["commits_by_source"])
 
     save_results(
         "overhead",
         [
+            {"metric": "append_event p50, ADK DatabaseSessionService", "value": event_stats["stock"]["median"], "unit": "ms"},
+            {
+                "metric": "append_event p50, SessionStore",
+                "value": event_stats["store"]["median"],
+                "unit": "ms",
+                "peer": "ADK DatabaseSessionService",
+                "peer_value": event_stats["stock"]["median"],
+                "ratio": event_stats["store"]["median"] / event_stats["stock"]["median"],
+                "target": "≤ 1.5",
+            },
+            {"metric": "append_event statements, SessionStore", "value": event_accounting["store"]["statements"], "unit": ""},
+            {"metric": "append_event round trips, SessionStore", "value": event_accounting["store"]["round_trips"], "unit": ""},
+            {
+                "metric": "function call + journal row statements, SessionStore",
+                "value": event_accounting["journal"]["statements"],
+                "unit": "",
+                "target": "≤ 3",
+            },
             {"metric": "(a) ms/run, ADK + in-memory sessions", "value": stats["a"]["median"], "unit": "ms"},
             {"metric": "(b) ms/run, ADK + DatabaseSessionService", "value": stats["b"]["median"], "unit": "ms"},
+            {"metric": "(b') ms/run, ADK + SessionStore", "value": stats["b'"]["median"], "unit": "ms"},
             {"metric": "(c) ms/run, Agent Ledger", "value": stats["c"]["median"], "unit": "ms"},
-            {"metric": "c/b", "value": c_over_b, "unit": "ratio", "target": "≤ 1.10"},
-            {"metric": "c/a", "value": c_over_a, "unit": "ratio", "target": "≤ 2 (goal)"},
+            {"metric": "c/b'", "value": ratios["c/b'"], "unit": "ratio"},
+            {"metric": "c/a", "value": ratios["c/a"], "unit": "ratio", "target": "≤ 2.5"},
             {"metric": "(b) commits/run", "value": accounting["b"]["commits"], "unit": ""},
             {"metric": "(c) commits/run", "value": accounting["c"]["commits"], "unit": ""},
             {"metric": "(b) statements/run", "value": accounting["b"]["statements"], "unit": ""},
             {"metric": "(c) statements/run", "value": accounting["c"]["statements"], "unit": ""},
+            {
+                "metric": "ledger + journal statements per tool call",
+                "value": ledger_statements_per_call,
+                "unit": "",
+                "target": "≤ 3",
+            },
         ],
+        event_stats=event_stats,
+        event_accounting=event_accounting,
         stats=stats,
         accounting=accounting,
     )
 
 
-def account(contenders, runs: int, connection, database_sessions) -> dict:
-    """Count commits, statements and the time spent per part, outside the timed pass."""
-    from django.db.backends.signals import connection_created
-    from google.adk.sessions.database_session_service import DatabaseSessionService
-    from sqlalchemy import event
+def _bench_event(index: int, run_id: uuid.UUID | None = None):
+    from google.adk.events.event import Event
+    from google.genai import types
 
-    from runs import services
+    if run_id is not None:
+        # A function call of a ledger run: the journal writes its row in the event's transaction.
+        call = types.FunctionCall(id=f"call-{uuid.uuid4().hex[:12]}", name="send_email", args={"to": "jane@example.com"})
+        return Event(
+            invocation_id="e-bench",
+            author="support",
+            custom_metadata={"run_id": str(run_id)},
+            content=types.Content(role="model", parts=[types.Part(function_call=call)]),
+        )
+    # A model turn the size of the scripted agent's: text, no state delta, no function call.
+    text = f"Step {index}: Jane's refund was issued on Monday and should arrive within five days."
+    return Event(invocation_id="e-bench", author="support", content=types.Content(role="model", parts=[types.Part(text=text)]))
 
-    counters: dict[str, float] = defaultdict(float)
 
-    def django_wrapper(execute, sql, params, many, context):
-        counters["statements"] += 1
-        counters["django_statements"] += 1
-        return execute(sql, params, many, context)
+def _journal_run_id() -> uuid.UUID:
+    from runs.models import AgentRun
 
-    def install(sender, connection, **kwargs):
-        if django_wrapper not in connection.execute_wrappers:
-            connection.execute_wrappers.append(django_wrapper)
+    run = AgentRun.objects.create(agent_name="support", owner_id="bench", config={"message": "x"}, session_id=str(uuid.uuid4()))
+    return run.run_id
 
-    from django.db import connections
 
-    connection_created.connect(install)
-    for conn in connections.all():
-        install(None, conn)
-    # Connections that already exist in other threads (the ORM thread of the agent loop).
-    from asgiref.sync import SyncToAsync
-
-    SyncToAsync.single_thread_executor.submit(lambda: install(None, connections["default"])).result()
-
-    def on_sqlalchemy_statement(*args, **kwargs):
-        counters["statements"] += 1
-        counters["adk_statements"] += 1
-
-    def on_sqlalchemy_commit(*args, **kwargs):
-        counters["adk_commits"] += 1
-
-    event.listen(database_sessions.db_engine.sync_engine, "before_cursor_execute", on_sqlalchemy_statement)
-    event.listen(database_sessions.db_engine.sync_engine, "commit", on_sqlalchemy_commit)
-
-    timers: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-
-    def timed_async(owner, name, label):
-        original = getattr(owner, name)
-
-        async def wrapper(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return await original(*args, **kwargs)
-            finally:
-                timers[label][0] += (time.perf_counter() - started) * 1000
-                timers[label][1] += 1
-
-        setattr(owner, name, wrapper)
-        return original
-
-    def timed_sync(owner, name, label):
-        original = getattr(owner, name)
-
-        def wrapper(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                timers[label][0] += (time.perf_counter() - started) * 1000
-                timers[label][1] += 1
-
-        setattr(owner, name, wrapper)
-        return original
-
-    results = {}
-    for key, run in contenders.items():
-        counters.clear()
-        timers.clear()
-        restore = []
-        if key == "c":
-            restore = [
-                # The journal's rows are written inside append_event's own transaction.
-                (DatabaseSessionService, "append_event", timed_async(DatabaseSessionService, "append_event", "session store + journal: append_event")),
-                (DatabaseSessionService, "get_session", timed_async(DatabaseSessionService, "get_session", "session store: get_session")),
-                (DatabaseSessionService, "create_session", timed_async(DatabaseSessionService, "create_session", "session store: create_session")),
-                (services, "start_run", timed_sync(services, "start_run", "ledger: start_run")),
-                (services, "claim_run", timed_sync(services, "claim_run", "ledger: claim")),
-                (services, "settle_run", timed_sync(services, "settle_run", "ledger: settle")),
-            ]
-        before = xact_commits(connection)
+async def _append_many(service, count: int, run_id: uuid.UUID | None = None) -> list[float]:
+    session = await service.create_session(app_name="bench-events", user_id="bench", session_id=str(uuid.uuid4()))
+    timings = []
+    for index in range(count):
+        event = _bench_event(index, run_id)
         started = time.perf_counter()
-        for _ in range(runs):
-            run()
-        total_ms = (time.perf_counter() - started) * 1000
-        after = xact_commits(connection)
-        for owner, name, original in restore:
-            setattr(owner, name, original)
-        breakdown = {label: (ms / runs, calls / runs) for label, (ms, calls) in sorted(timers.items())}
-        if breakdown:
-            measured = sum(ms for ms, _ in breakdown.values())
-            breakdown["ADK itself, tools and the rest"] = (total_ms / runs - measured, 0.0)
-        results[key] = {
-            # Two of the counted commits are this function's own pg_stat reads.
-            "commits": (after - before - 1) / runs,
-            "statements": counters["statements"] / runs,
-            "commits_by_source": {"adk": counters["adk_commits"] / runs},
-            "breakdown": breakdown,
-        }
-    event.remove(database_sessions.db_engine.sync_engine, "before_cursor_execute", on_sqlalchemy_statement)
-    event.remove(database_sessions.db_engine.sync_engine, "commit", on_sqlalchemy_commit)
-    connection_created.disconnect(install)
+        await service.append_event(session, event)
+        timings.append((time.perf_counter() - started) * 1000)
+    return timings
+
+
+def time_events(stores: dict, args: argparse.Namespace, run_coroutine) -> dict[str, list[float]]:
+    """ms per append_event, timed on the loop itself (no thread hop in the figure)."""
+    block = 20
+    run_id = _journal_run_id()
+    contenders = {key: (service, None) for key, service in stores.items()}
+    contenders["journal"] = (stores["store"], run_id)
+    for service, journal_run in contenders.values():
+        run_coroutine(_append_many(service, 50, journal_run))
+    timings: dict[str, list[float]] = defaultdict(list)
+    while len(timings["store"]) < args.events:
+        for key, (service, journal_run) in contenders.items():
+            timings[key].extend(run_coroutine(_append_many(service, block, journal_run)))
+    return timings
+
+
+def account_events(stores: dict, wires: dict, count: int, run_coroutine) -> dict[str, dict[str, float]]:
+    results = {}
+    async def appends(service, wire: Wire, run_id: uuid.UUID | None) -> None:
+        session = await service.create_session(app_name="bench-events", user_id="bench", session_id=str(uuid.uuid4()))
+        wire.take()
+        for index in range(count):
+            await service.append_event(session, _bench_event(index, run_id))
+
+    run_id = _journal_run_id()
+    for key, wire_name, service, journal_run in [
+        ("stock", "stock", stores["stock"], None),
+        ("store", "store", stores["store"], None),
+        ("journal", "store", stores["store"], run_id),
+    ]:
+        run_coroutine(appends(service, wires[wire_name], journal_run))
+        counts = wires[wire_name].take()
+        results[key] = {name: counts[name] / count for name in ("statements", "round_trips", "commits")}
     return results
 
 
-def xact_commits(connection) -> int:
-    # An idle backend flushes its statistics within ten seconds (PostgreSQL 15): wait for all.
-    time.sleep(11)
-    with connection.cursor() as cursor:
-        with contextlib.suppress(Exception):
-            cursor.execute("SELECT pg_stat_clear_snapshot()")
-        cursor.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
-        return cursor.fetchone()[0]
+def time_parts(run_c, runs: int, store_sessions) -> dict[str, tuple[float, float]]:
+    """Where the time of (c) goes: the session store's calls and the ledger's own steps."""
+    from runs import services
+
+    store_class = type(store_sessions)
+    timers: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+
+    def timed(owner, name: str, label: str):
+        original = getattr(owner, name)
+
+        if asyncio.iscoroutinefunction(original):
+
+            async def wrapper(*args, **kwargs):
+                started = time.perf_counter()
+                try:
+                    return await original(*args, **kwargs)
+                finally:
+                    timers[label][0] += (time.perf_counter() - started) * 1000
+                    timers[label][1] += 1
+        else:
+
+            def wrapper(*args, **kwargs):
+                started = time.perf_counter()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    timers[label][0] += (time.perf_counter() - started) * 1000
+                    timers[label][1] += 1
+
+        setattr(owner, name, wrapper)
+        return owner, name, original
+
+    restore = [
+        # The journal's rows are written inside append_event's own transaction.
+        timed(store_class, "append_event", "session store + journal: append_event"),
+        timed(store_class, "get_session", "session store: get_session"),
+        timed(store_class, "create_session", "session store: create_session"),
+        timed(services, "start_run", "ledger: start_run"),
+        timed(services, "claim_and_load_run", "ledger: claim"),
+        timed(services, "settle_run", "ledger: settle"),
+        timed(executor_module(), "_remember", "ledger: memory feed"),
+    ]
+    started = time.perf_counter()
+    try:
+        for _ in range(runs):
+            run_c()
+    finally:
+        for owner, name, original in restore:
+            setattr(owner, name, original)
+    total_ms = (time.perf_counter() - started) * 1000
+    breakdown = {label: (ms / runs, calls / runs) for label, (ms, calls) in sorted(timers.items())}
+    measured = sum(ms for ms, _ in breakdown.values())
+    breakdown["ADK itself, tools and the rest"] = (total_ms / runs - measured, 0.0)
+    return breakdown
+
+
+def executor_module():
+    from runs import executor
+
+    return executor
+
+
+def account_runs(contenders: dict, wires: dict, runs: int) -> dict:
+    """Statements, round trips and commits per run, from every connection's protocol trace."""
+    results = {}
+    for key, run in contenders.items():
+        for wire in wires.values():
+            wire.take()
+        for _ in range(runs):
+            run()
+        # A heartbeat thread may still be closing its connection: let its last lines land.
+        time.sleep(0.2)
+        by_wire = {name: wire.take() for name, wire in wires.items()}
+        totals = {
+            name: sum(counts[name] for counts in by_wire.values()) / runs
+            for name in ("statements", "round_trips", "commits")
+        }
+        results[key] = {**totals, "by_source": {name: counts["statements"] / runs for name, counts in by_wire.items()}}
+    return results
 
 
 if __name__ == "__main__":

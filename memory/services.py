@@ -237,7 +237,9 @@ def remember_events(
         session_id=session_id,
         run_id=run_id,
     )
-    with transaction.atomic():
+    # The worker already holds a savepoint around this call: a second one would only add a
+    # SAVEPOINT and a RELEASE to every successful run.
+    with transaction.atomic(savepoint=False):
         added = ingest(agent=agent, owner_id=owner_id, items=items)
     logger.info("Run %s: %d new memories for %s/%s", run_id, added, agent, owner_id)
     return added
