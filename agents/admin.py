@@ -8,7 +8,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from agents.models import AdkEvent, AdkSession, CrmNote, Customer, OutboxEmail, WorkflowDefinition
-from agents.registry import AGENTS
+from agents.registry import runnable_agents
 from agents.workflow_html import GRAPH_CSS, render_graph
 from agents.workflows import FUNCTION_STEPS
 from config.lib.admin import ReadOnlyAdminMixin
@@ -87,7 +87,7 @@ class WorkflowDefinitionAdmin(admin.ModelAdmin):
         return format_html(
             "Agents: {}.<br>Function steps: {}.<br>Other workflows can run as a step: "
             '{{"workflow": "name"}}. A join is {{"join": true}}.',
-            ", ".join(sorted(AGENTS)),
+            ", ".join(runnable_agents()),
             ", ".join(f"{name} ({step.description})" for name, step in sorted(FUNCTION_STEPS.items())),
         )
 

@@ -76,7 +76,7 @@ def workflow_snapshot(name: str) -> dict | None:
 def resolve_runnable(name: Any) -> AgentSpec | dict:
     """A registered agent's spec, or a workflow's snapshot; UnknownAgentError naming both kinds."""
     if isinstance(name, str) and name in AGENTS:
-        return get_agent_spec(name)
+        return get_agent_spec(name)  # raises AgentUnavailableError for a package that did not load
     snap = workflow_snapshot(name) if isinstance(name, str) else None
     if snap is None:
         known = sorted(WorkflowDefinition.objects.values_list("name", flat=True)[:50])
