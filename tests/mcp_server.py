@@ -37,6 +37,8 @@ def close_ticket(ticket_id: str, note: str) -> str:
         store.write(f"{ticket_id} {note}\n")
     hang = float(os.environ.get("LEDGER_TEST_MCP_HANG") or 0)
     if hang:
+        # Said where the test can find it: the server outlives a killed worker while it waits.
+        _store().with_suffix(".pid").write_text(str(os.getpid()))
         time.sleep(hang)
     return f"ticket {ticket_id} closed"
 
