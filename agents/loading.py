@@ -32,6 +32,8 @@ from google.adk.flows.llm_flows.agent_transfer import _get_transfer_targets
 from google.adk.tools.agent_tool import AgentTool
 from google.adk.tools.base_tool import BaseTool
 from google.adk.tools.base_toolset import BaseToolset
+from google.adk.tools.mcp_tool.mcp_session_manager import MCPSessionManager
+from google.adk.tools.mcp_tool.mcp_toolset import McpToolset
 
 from agents.scripted import TRANSFER_TOOL
 
@@ -157,8 +159,6 @@ def per_run_mcp_toolset(toolset: Any) -> Any:
     the event loop that opened it; a copy per run (or per listing) keeps a run's closing from
     cutting another run's session, and the loaded toolset is never touched.
     """
-    from google.adk.tools.mcp_tool.mcp_session_manager import MCPSessionManager
-
     clone = copy.copy(toolset)
     clone._mcp_session_manager = MCPSessionManager(
         connection_params=toolset._connection_params,
@@ -172,10 +172,6 @@ def per_run_mcp_toolset(toolset: Any) -> Any:
 
 
 def is_mcp_toolset(tool: Any) -> bool:
-    try:
-        from google.adk.tools.mcp_tool.mcp_toolset import McpToolset
-    except ImportError:  # the `mcp` package is missing: no agent can have an McpToolset
-        return False
     return isinstance(tool, McpToolset)
 
 
