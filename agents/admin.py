@@ -1,14 +1,18 @@
 import json
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin
 from django.db import models
 from django.forms.fields import InvalidJSONInput
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from agents import services
 from agents.models import AdkEvent, AdkSession, CrmNote, Customer, OutboxEmail, WorkflowDefinition
-from agents.registry import AGENTS
+from agents.registry import runnable_agents
 from agents.workflow_html import GRAPH_CSS, render_graph
 from agents.workflows import FUNCTION_STEPS
 from config.lib.admin import ReadOnlyAdminMixin
@@ -87,7 +91,7 @@ class WorkflowDefinitionAdmin(admin.ModelAdmin):
         return format_html(
             "Agents: {}.<br>Function steps: {}.<br>Other workflows can run as a step: "
             '{{"workflow": "name"}}. A join is {{"join": true}}.',
-            ", ".join(sorted(AGENTS)),
+            ", ".join(runnable_agents()),
             ", ".join(f"{name} ({step.description})" for name, step in sorted(FUNCTION_STEPS.items())),
         )
 
@@ -95,3 +99,52 @@ class WorkflowDefinitionAdmin(admin.ModelAdmin):
         obj.updated_at = timezone.now()
         obj.updated_by = request.user
         super().save_model(request, obj, form, change)
+
+
+# --- The loaded agents: a page of the admin with no model behind it ----------------------------------
+
+LOADED_AGENTS_URL_NAME = "agents_loaded"
+
+
+def loaded_agents_page(request):
+    agents = services.agent_views()
+    context = {
+        **admin.site.each_context(request),
+        "title": "Loaded agents",
+        "agents": agents,
+        "broken": sum(1 for agent in agents if agent["load_error"]),
+        "agents_dir": settings.AGENTS_DIR,
+    }
+    return TemplateResponse(request, "admin/agents/loaded_agents.html", context)
+
+
+def _with_loaded_agents_url(get_urls):
+    def urls():
+        # Before the site's own patterns, whose agents/<model>/ routes would otherwise be tried first.
+        page = path("agents-loaded/", admin.site.admin_view(loaded_agents_page), name=LOADED_AGENTS_URL_NAME)
+        return [page, *get_urls()]
+
+    return urls
+
+
+def _with_loaded_agents_entry(get_app_list):
+    def app_list(request, app_label=None):
+        apps = get_app_list(request, app_label)
+        for app in apps:
+            if app["app_label"] == "agents":
+                # Listed with the app's models so the index and the sidebar link to it.
+                app["models"].append({
+                    "name": "Loaded agents",
+                    "object_name": "LoadedAgents",
+                    "admin_url": reverse(f"admin:{LOADED_AGENTS_URL_NAME}"),
+                    "add_url": None,
+                    "view_only": True,
+                    "perms": {"view": True},
+                })
+        return apps
+
+    return app_list
+
+
+admin.site.get_urls = _with_loaded_agents_url(admin.site.get_urls)
+admin.site.get_app_list = _with_loaded_agents_entry(admin.site.get_app_list)

@@ -81,3 +81,66 @@ class WorkflowViewSet(
     def update(self, request, *args, **kwargs):
         definition = self._write(request, self.get_object())
         return Response(WorkflowSerializer(definition).data)
+
+
+# --- /api/agents/: the loaded agent packages --------------------------------------------------------
+
+
+class AgentToolSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    source = serializers.ChoiceField(
+        choices=["function", "mcp", "agent", "builtin"],
+        help_text="function: a Python function; mcp: a tool of an MCP server; agent: an agent wrapped as a tool; "
+        "builtin: an ADK tool the ledger knows (e.g. preload_memory).",
+    )
+    detail = serializers.CharField(help_text="The MCP server's command line, or the wrapped agent's name.")
+    effect = serializers.CharField(help_text='"effectful" for every tool until effect classes are declared.')
+    annotations = serializers.DictField(help_text="What an MCP server says of the tool (readOnlyHint, …).")
+
+
+class AgentNodeSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    kind = serializers.CharField(help_text="ADK's class: LlmAgent, SequentialAgent, ParallelAgent, LoopAgent, …")
+    description = serializers.CharField()
+    tools = AgentToolSerializer(many=True)
+    transfer_targets = serializers.ListField(child=serializers.CharField(), help_text="Agents it may transfer to.")
+    tool_errors = serializers.ListField(child=serializers.CharField(), help_text="Toolsets that could not be listed.")
+
+
+# A tree: an agent's sub-agents and the agents its tools wrap are agents too.
+AgentNodeSerializer._declared_fields["sub_agents"] = AgentNodeSerializer(many=True)
+AgentNodeSerializer._declared_fields["tool_agents"] = AgentNodeSerializer(
+    many=True, help_text="Agents wrapped by an AgentTool of this agent."
+)
+
+
+class AgentSerializer(serializers.Serializer):
+    name = serializers.CharField(help_text="The package's folder name.")
+    description = serializers.CharField()
+    path = serializers.CharField(help_text="Where the package was loaded from.")
+    load_error = serializers.CharField(help_text="Why the package could not be loaded (empty when it runs).")
+    tool_errors = serializers.ListField(child=serializers.CharField())
+    tools = AgentToolSerializer(many=True, help_text="The root agent's tools.")
+    has_default_script = serializers.BooleanField(help_text="Whether the package offers the offline model a script.")
+    tree = AgentNodeSerializer(allow_null=True, help_text="The agent tree; null when the package did not load.")
+
+
+@extend_schema_view(
+    list=extend_schema(summary="List the loaded agents", responses={200: AgentSerializer(many=True)}),
+    retrieve=extend_schema(summary="One loaded agent", responses={200: AgentSerializer, **errors(404)}),
+)
+class AgentViewSet(viewsets.ViewSet):
+    """The agent packages of AGENTS_DIR, those that failed to load included (with their error)."""
+
+    permission_classes = [IsAuthenticated]
+    lookup_field = "name"
+    lookup_value_regex = "[^/]+"
+
+    def list(self, request):
+        return Response(AgentSerializer(services.agent_views(), many=True).data)
+
+    def retrieve(self, request, name: str):
+        view = services.find_agent_view(name)
+        if view is None:
+            raise NotFound(f"There is no agent named {name!r}.")
+        return Response(AgentSerializer(view).data)

@@ -1,151 +1,182 @@
-"""The agents Agent Ledger can run, by name.
+"""The agents Agent Ledger can run, by name: the packages of `AGENTS_DIR`, loaded once per process.
 
-An agent is built fresh for every run: the scripted model carries that run's script and its
-position in it, and nothing leaks from one run into the next.
+The registry is built on first use (not when settings are imported) from what ADK's loader
+loaded (`agents.loading`). `AGENTS` maps every package name to its `AgentSpec`, the broken ones
+included (with their `load_error`), so lists can show them; `get_agent_spec` answers only agents
+that can run. Each run executes its own wrapped copy of the loaded tree (`agents.run_tree`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import threading
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 from django.conf import settings
-from google.adk.agents import LlmAgent
-from google.adk.models.base_llm import BaseLlm
-from google.adk.models.registry import LLMRegistry
+from google.adk.agents import BaseAgent
+from google.adk.apps import App
 
-from agents import diet, tools
-from agents.preload import PreloadMemoryOncePerInvocation
-from agents.retrying import RetryingLlm
-from agents.scripted import ScriptedLlm, validate_script
+from agents.loading import TRANSFER_TOOL, AgentNode, AgentSpec, ToolInfo, describe, load_agents
+from agents.run_tree import build_run_tree, run_scripts, uses_scripted_model
+from agents.scripted import ScriptError, validate_script
+
+__all__ = [
+    "AGENTS",
+    "TRANSFER_TOOL",
+    "AgentNode",
+    "AgentSpec",
+    "AgentUnavailableError",
+    "ToolInfo",
+    "UnknownAgentError",
+    "build_agent",
+    "build_app",
+    "describe",
+    "get_agent_spec",
+    "run_scripts",
+    "runnable_agents",
+    "uses_scripted_model",
+    "validate_params",
+]
+
+
+class LoadedAgents(MutableMapping[str, AgentSpec]):
+    """The agents of `AGENTS_DIR`, loaded the first time anything asks, then kept for the process.
+
+    Writable so that tests can register an agent built in code (`monkeypatch.setitem`).
+    """
+
+    def __init__(self) -> None:
+        self._specs: dict[str, AgentSpec] | None = None
+        self._lock = threading.Lock()
+
+    def load(self) -> dict[str, AgentSpec]:
+        specs = self._specs
+        if specs is None:
+            with self._lock:
+                if self._specs is None:
+                    self._specs = load_agents(settings.AGENTS_DIR)
+                specs = self._specs
+        return specs
+
+    def reload(self) -> dict[str, AgentSpec]:
+        """Load `AGENTS_DIR` again (tests that point it elsewhere)."""
+        with self._lock:
+            self._specs = load_agents(settings.AGENTS_DIR)
+            return self._specs
+
+    def __getitem__(self, name: str) -> AgentSpec:
+        return self.load()[name]
+
+    def __setitem__(self, name: str, spec: AgentSpec) -> None:
+        self.load()[name] = spec
+
+    def __delitem__(self, name: str) -> None:
+        del self.load()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict(self.load()))
+
+    def __len__(self) -> int:
+        return len(self.load())
+
+
+AGENTS = LoadedAgents()
+
+
+def runnable_agents() -> list[str]:
+    return sorted(name for name, spec in AGENTS.items() if not spec.load_error)
 
 
 class UnknownAgentError(LookupError):
-    def __init__(self, name: str):
+    def __init__(self, name: str, message: str | None = None):
         self.name = name
-        known = ", ".join(sorted(AGENTS)) or "none"
-        super().__init__(f"There is no agent named {name!r}. Registered agents: {known}.")
+        known = ", ".join(runnable_agents()) or "none"
+        super().__init__(message or f"There is no agent named {name!r}. Registered agents: {known}.")
 
 
-@dataclass(frozen=True)
-class AgentSpec:
-    name: str
-    description: str
-    instruction: str
-    tools: tuple[Callable[..., Any], ...]
-    default_script: tuple[Any, ...]
-    # Callbacks other parts of the system add to every agent (e.g. the memory diet).
-    before_model_callbacks: tuple[Callable[..., Any], ...] = field(default=())
-    # ADK tools the model never calls, which shape each request (e.g. memory preloading); a
-    # class is instantiated for each agent built, so per-run state stays with its run.
-    context_tools: tuple[Any, ...] = field(default=())
+class AgentUnavailableError(UnknownAgentError):
+    """The package exists but did not load: nothing of it can run."""
 
-    @property
-    def tool_names(self) -> list[str]:
-        return [tool.__name__ for tool in self.tools]
-
-
-SUPPORT = AgentSpec(
-    name="support",
-    description="Answers a customer: looks them up, emails them and logs a CRM note.",
-    instruction=(
-        "You are a customer support agent. Look the customer up before acting, answer by "
-        "email with send_email, record what you did with update_crm, then summarise in one "
-        "sentence. Never send the same email twice."
-    ),
-    tools=(tools.lookup_customer, tools.send_email, tools.update_crm),
-    default_script=(
-        {"call": "lookup_customer", "args": {"email": "jane@example.com"}},
-        {
-            "call": "send_email",
-            "args": {
-                "to": "jane@example.com",
-                "subject": "Your refund",
-                "body": "Hello Jane, your refund has been issued and will arrive in 3-5 days.",
-            },
-        },
-        {"call": "update_crm", "args": {"contact_id": "C-1001", "note": "Refund confirmed by email."}},
-        {"say": "I looked Jane up, emailed her about her refund and noted it in the CRM."},
-    ),
-    # What this owner told the agent in earlier successful runs is put before the model.
-    context_tools=(PreloadMemoryOncePerInvocation,),
-)
-
-# Read-only agents for workflows: they look a customer up and report, and never act.
-TRIAGE = AgentSpec(
-    name="triage",
-    description="Reads a support request and says what it is about and how urgent it is. Reads only.",
-    instruction=(
-        "You triage customer support requests. Look the customer up, then say in two sentences "
-        "what the request is about and how urgent it is. Never contact the customer."
-    ),
-    tools=(tools.lookup_customer,),
-    default_script=(
-        {"call": "lookup_customer", "args": {"email": "jane@example.com"}},
-        {"say": "Jane Doe (pro plan) asks where her refund is. Priority: normal; she is a paying customer."},
-    ),
-)
-
-BILLING = AgentSpec(
-    name="billing",
-    description="Checks the customer's plan and what billing can tell them. Reads only.",
-    instruction=(
-        "You check billing facts for a support request. Look the customer up and state their "
-        "plan and anything billing-related support should know, in two sentences. Never act."
-    ),
-    tools=(tools.lookup_customer,),
-    default_script=(
-        {"call": "lookup_customer", "args": {"email": "jane@example.com"}},
-        {"say": "Jane is on the pro plan; her refund was issued and takes 3-5 business days to arrive."},
-    ),
-)
-
-AGENTS: dict[str, AgentSpec] = {spec.name: spec for spec in (SUPPORT, TRIAGE, BILLING)}
-
-# Callbacks every agent gets before its own: old turns go to the model without their large
-# base64 payloads (the stored session keeps them).
-COMMON_BEFORE_MODEL_CALLBACKS: tuple[Callable[..., Any], ...] = (diet.strip_old_payloads,)
+    def __init__(self, spec: AgentSpec):
+        super().__init__(spec.name, f"The agent {spec.name!r} could not be loaded: {spec.load_error}")
 
 
 def get_agent_spec(name: str) -> AgentSpec:
-    try:
-        return AGENTS[name]
-    except KeyError:
-        raise UnknownAgentError(name) from None
+    spec = AGENTS.get(name) if isinstance(name, str) else None
+    if spec is None:
+        raise UnknownAgentError(name)
+    if spec.load_error:
+        raise AgentUnavailableError(spec)
+    return spec
 
 
-def uses_scripted_model() -> bool:
-    return settings.AGENT_MODEL == "scripted"
+# --- Scripts for the offline model --------------------------------------------------------------
+
+
+def _names(names: Any) -> str:
+    return ", ".join(sorted(names)) or "none"
+
+
+def validate_agent_script(node: AgentNode, script: Any, *, faults_enabled: bool | None = None) -> None:
+    """One agent's script: its steps, the tools that agent has, the agents it may transfer to."""
+    validate_script(
+        script,
+        tool_names=node.script_tool_names,
+        transfer_targets=node.transfer_targets,
+        faults_enabled=settings.SCRIPTED_FAULTS_ENABLED if faults_enabled is None else faults_enabled,
+    )
 
 
 def validate_params(spec: AgentSpec, params: dict) -> None:
-    """Raise ScriptError (a ValueError) if the run's parameters cannot be played."""
-    if uses_scripted_model() and "script" in params:
-        validate_script(
-            params["script"],
-            tool_names=spec.tool_names,
-            faults_enabled=settings.SCRIPTED_FAULTS_ENABLED,
-        )
+    """Raise ScriptError (a ValueError) naming `params.script…` if the run's scripts cannot be played.
+
+    `params.script` is the root agent's script; `params.scripts` gives a script to any LlmAgent
+    of the tree by name. With a real model both are ignored, and so not checked.
+    """
+    if not uses_scripted_model():
+        return
+    agents = spec.llm_agents
+    root = spec.tree
+    if "script" in params:
+        if root is None or not root.is_llm:
+            raise ScriptError(
+                f"params.script: the root of {spec.name!r} is a {root.kind if root else 'missing agent'}, which has "
+                f"no model; give params.scripts, a script per agent name (it has {_names(agents)})."
+            )
+        try:
+            validate_agent_script(root, params["script"])
+        except ScriptError as exc:
+            raise ScriptError(f"params.script: {exc}") from None
+    if "scripts" in params:
+        scripts = params["scripts"]
+        if not isinstance(scripts, dict):
+            raise ScriptError("params.scripts must be an object: {agent name: script}.")
+        for agent_name, script in scripts.items():
+            node = agents.get(agent_name)
+            if node is None:
+                raise ScriptError(
+                    f"params.scripts names the agent {agent_name!r}, which is not a model-driven agent of "
+                    f"{spec.name!r} (it has {_names(agents)})."
+                )
+            try:
+                validate_agent_script(node, script)
+            except ScriptError as exc:
+                raise ScriptError(f"params.scripts.{agent_name}: {exc}") from None
 
 
-def build_model(spec: AgentSpec, params: dict) -> RetryingLlm:
-    """The agent's model, wrapped so rate limits and empty turns are retried at the call."""
-    if uses_scripted_model():
-        script = params.get("script") or list(spec.default_script)
-        inner: BaseLlm = ScriptedLlm(script=script)
-    else:
-        # With GOOGLE_API_KEY set, ADK's registry resolves the Gemini model; scripts are ignored.
-        inner = LLMRegistry.new_llm(settings.AGENT_MODEL)
-    return RetryingLlm(inner=inner)
+# --- Building a run's tree ----------------------------------------------------------------------
 
 
-def build_agent(spec: AgentSpec, *, params: dict) -> LlmAgent:
-    return LlmAgent(
-        name=spec.name,
-        description=spec.description,
-        model=build_model(spec, params),
-        instruction=spec.instruction,
-        tools=[*spec.tools, *(tool() if isinstance(tool, type) else tool for tool in spec.context_tools)],
-        before_model_callback=[*COMMON_BEFORE_MODEL_CALLBACKS, *spec.before_model_callbacks] or None,
-    )
+def build_agent(spec: AgentSpec, *, params: dict) -> BaseAgent:
+    """The run's own wrapped copy of the agent tree (see `agents.run_tree`)."""
+    if spec.root is None:
+        raise AgentUnavailableError(spec)
+    return build_run_tree(spec, params=params)
+
+
+def build_app(spec: AgentSpec, *, root: Any, name: str, plugins: list) -> App:
+    """The run's App: the package's own App (its plugins and configs kept) or a plain one."""
+    if spec.app is not None and root is not None and spec.root is not None:
+        return spec.app.model_copy(update={"name": name, "root_agent": root, "plugins": [*spec.app.plugins, *plugins]})
+    return App(name=name, root_agent=root, plugins=plugins)
+

@@ -7,6 +7,7 @@ Steps (see the README for the whole format):
   {"fail": "rate_limit"}                       the 429 Gemini raises (ClientError, code 429)
   {"fail": "error", "message": "..."}          an error with that message
   {"empty": true}                              an empty turn
+  {"call": "transfer_to_agent", "args": {"agent_name": "billing"}}   hand over to another agent
 
 A call step may carry a fault for its tool: "tool_fails": "message", "crash": "before_effect" |
 "after_effect", "hang": seconds. Faults are handed to the tool through `agents.faults`, keyed
@@ -32,6 +33,8 @@ SCRIPT_EXHAUSTED_TEXT = "I have nothing more to add."
 FAULT_KEYS = {"tool_fails", "crash", "hang"}
 CALL_KEYS = {"call", "args", "id"} | FAULT_KEYS
 CRASH_POINTS = {"before_effect", "after_effect"}
+# ADK's tool for handing the conversation to another agent; a call step to it is a transfer.
+TRANSFER_TOOL = "transfer_to_agent"
 MAX_SCRIPT_STEPS = 500
 
 
@@ -57,7 +60,13 @@ def rate_limit_error(retry_delay_seconds: float | None = None) -> genai_errors.C
     return genai_errors.ClientError(429, {"error": error})
 
 
-def _validate_call(step: Any, where: str, tool_names: Iterable[str] | None, faults_enabled: bool) -> None:
+def _validate_call(
+    step: Any,
+    where: str,
+    tool_names: Iterable[str] | None,
+    faults_enabled: bool,
+    transfer_targets: Iterable[str] | None = None,
+) -> None:
     if not isinstance(step, dict):
         raise ScriptError(f"{where}: a parallel call list may only hold call steps.")
     unknown = set(step) - CALL_KEYS
@@ -72,6 +81,13 @@ def _validate_call(step: Any, where: str, tool_names: Iterable[str] | None, faul
         )
     if not isinstance(step.get("args", {}), dict):
         raise ScriptError(f"{where}: \"args\" must be an object.")
+    if name == TRANSFER_TOOL and transfer_targets is not None:
+        target = (step.get("args") or {}).get("agent_name")
+        if target not in set(transfer_targets):
+            raise ScriptError(
+                f"{where}: transfer_to_agent needs args.agent_name, one of {', '.join(sorted(transfer_targets)) or 'none'} "
+                f"(got {target!r})."
+            )
     if "id" in step and (not isinstance(step["id"], str) or not step["id"]):
         raise ScriptError(f"{where}: \"id\" must be a non-empty string.")
     present_faults = FAULT_KEYS & set(step)
@@ -91,7 +107,11 @@ def _validate_call(step: Any, where: str, tool_names: Iterable[str] | None, faul
 
 
 def validate_script(
-    script: Any, *, tool_names: Iterable[str] | None = None, faults_enabled: bool = True
+    script: Any,
+    *,
+    tool_names: Iterable[str] | None = None,
+    faults_enabled: bool = True,
+    transfer_targets: Iterable[str] | None = None,
 ) -> list:
     """Check a script and return it; raise ScriptError naming the first bad step."""
     if not isinstance(script, list):
@@ -106,12 +126,12 @@ def validate_script(
             if not step:
                 raise ScriptError(f"{where}: a parallel call list cannot be empty.")
             for call in step:
-                _validate_call(call, where, tool_names, faults_enabled)
+                _validate_call(call, where, tool_names, faults_enabled, transfer_targets)
             continue
         if not isinstance(step, dict):
             raise ScriptError(f"{where}: a step must be an object or a list of call objects.")
         if "call" in step:
-            _validate_call(step, where, tool_names, faults_enabled)
+            _validate_call(step, where, tool_names, faults_enabled, transfer_targets)
         elif "say" in step:
             if set(step) != {"say"} or not isinstance(step["say"], str):
                 raise ScriptError(f"{where}: a say step is {{\"say\": \"text\"}}.")

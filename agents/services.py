@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from agents import workflows
 from agents.models import WorkflowDefinition
-from agents.registry import AGENTS, AgentSpec, UnknownAgentError, get_agent_spec
+from agents.registry import AGENTS, AgentNode, AgentSpec, ToolInfo, UnknownAgentError, get_agent_spec
 
 
 def _graph_of(name: str) -> dict | None:
@@ -76,7 +76,7 @@ def workflow_snapshot(name: str) -> dict | None:
 def resolve_runnable(name: Any) -> AgentSpec | dict:
     """A registered agent's spec, or a workflow's snapshot; UnknownAgentError naming both kinds."""
     if isinstance(name, str) and name in AGENTS:
-        return get_agent_spec(name)
+        return get_agent_spec(name)  # raises AgentUnavailableError for a package that did not load
     snap = workflow_snapshot(name) if isinstance(name, str) else None
     if snap is None:
         known = sorted(WorkflowDefinition.objects.values_list("name", flat=True)[:50])
@@ -84,3 +84,52 @@ def resolve_runnable(name: Any) -> AgentSpec | dict:
         error.args = (f"{error.args[0]} Workflows: {', '.join(known) or 'none'}.",)
         raise error
     return snap
+
+
+# --- The loaded agents, as the API and the admin show them ------------------------------------------
+
+
+def _tool_view(tool: ToolInfo) -> dict:
+    return {
+        "name": tool.name,
+        "source": tool.source,
+        "detail": tool.detail,
+        "effect": tool.effect,
+        "annotations": dict(tool.annotations),
+    }
+
+
+def _node_view(node: AgentNode) -> dict:
+    return {
+        "name": node.name,
+        "kind": node.kind,
+        "description": node.description,
+        "tools": [_tool_view(tool) for tool in node.tools],
+        "transfer_targets": list(node.transfer_targets),
+        "tool_errors": list(node.tool_errors),
+        "sub_agents": [_node_view(child) for child in node.sub_agents],
+        "tool_agents": [_node_view(child) for child in node.tool_agents],
+    }
+
+
+def agent_view(spec: AgentSpec) -> dict:
+    """One loaded agent package: what `GET /api/agents/{name}/` answers and the admin shows."""
+    return {
+        "name": spec.name,
+        "description": spec.description,
+        "path": spec.path,
+        "load_error": spec.load_error,
+        "tool_errors": spec.tool_errors,
+        "tools": [_tool_view(tool) for tool in spec.tools],
+        "has_default_script": bool(spec.default_script or spec.default_scripts),
+        "tree": _node_view(spec.tree) if spec.tree is not None else None,
+    }
+
+
+def agent_views() -> list[dict]:
+    return [agent_view(AGENTS[name]) for name in sorted(AGENTS)]
+
+
+def find_agent_view(name: str) -> dict | None:
+    spec = AGENTS.get(name)
+    return agent_view(spec) if spec is not None else None

@@ -39,8 +39,16 @@ from google.adk.workflow import START, BaseNode, FunctionNode, JoinNode, RetryCo
 from google.adk.workflow.utils._workflow_graph_utils import build_node
 from google.genai import types
 
-from agents.registry import AGENTS, build_agent, get_agent_spec, uses_scripted_model
-from agents.scripted import ScriptError, validate_script
+from agents.registry import (
+    AGENTS,
+    UnknownAgentError,
+    build_agent,
+    get_agent_spec,
+    runnable_agents,
+    uses_scripted_model,
+    validate_agent_script,
+)
+from agents.scripted import ScriptError
 
 START_NAME = "START"
 MAX_STEPS = 50
@@ -170,10 +178,15 @@ def _check_step(name: str, spec: Any, workflow_exists: Callable[[str], bool]) ->
             problems.append(f'{where}: a join step is {{"join": true}}.')
     elif not isinstance(target, str) or not target:
         problems.append(f"{where}: {kind!r} must be the name of a registered {kind}.")
-    elif kind == "agent" and target not in AGENTS:
-        problems.append(
-            f"{where} uses the agent {_quote(target)}, which is not registered. Registered agents: {_names(AGENTS)}."
-        )
+    elif kind == "agent" and target not in runnable_agents():
+        broken = AGENTS.get(target)
+        if broken is not None:
+            problems.append(f"{where} uses the agent {_quote(target)}, which could not be loaded: {broken.load_error}")
+        else:
+            problems.append(
+                f"{where} uses the agent {_quote(target)}, which is not registered. "
+                f"Registered agents: {_names(runnable_agents())}."
+            )
     elif kind == "function" and target not in FUNCTION_STEPS:
         problems.append(
             f"{where} uses the function step {_quote(target)}, which is not registered. "
@@ -436,6 +449,17 @@ def agents_in(snap: dict) -> set[str]:
     return {spec["agent"] for graph in graphs for spec in graph["steps"].values() if "agent" in spec}
 
 
+def model_agents_in(snap: dict) -> dict[str, Any]:
+    """Every LlmAgent the workflow's agent steps run (their trees included), by agent name."""
+    found: dict[str, Any] = {}
+    for agent_name in sorted(agents_in(snap)):
+        try:
+            found.update(get_agent_spec(agent_name).llm_agents)
+        except UnknownAgentError:
+            continue  # validate_graph reports it
+    return found
+
+
 def validate_workflow_params(snap: dict, params: dict, *, faults_enabled: bool) -> None:
     """`params.scripts` gives a script per agent name; `params.script` is for single agents."""
     if "script" in params:
@@ -448,7 +472,7 @@ def validate_workflow_params(snap: dict, params: dict, *, faults_enabled: bool) 
     scripts = params["scripts"]
     if not isinstance(scripts, dict):
         raise ScriptError("params.scripts must be an object: {agent name: script}.")
-    used = agents_in(snap)
+    used = model_agents_in(snap)
     for agent_name, script in scripts.items():
         if agent_name not in used:
             raise ScriptError(
@@ -456,7 +480,7 @@ def validate_workflow_params(snap: dict, params: dict, *, faults_enabled: bool) 
                 f"(it runs {_names(used)})."
             )
         try:
-            validate_script(script, tool_names=get_agent_spec(agent_name).tool_names, faults_enabled=faults_enabled)
+            validate_agent_script(used[agent_name], script, faults_enabled=faults_enabled)
         except ScriptError as exc:
             raise ScriptError(f"params.scripts.{agent_name}: {exc}") from None
 
@@ -572,9 +596,9 @@ def _retry_config(spec: dict) -> RetryConfig | None:
     )
 
 
-def _agent_params(agent_name: str, params: dict) -> dict:
-    scripts = params.get("scripts") or {}
-    return {"script": scripts[agent_name]} if agent_name in scripts else {}
+def _agent_params(params: dict) -> dict:
+    # Scripts are addressed by agent name across the whole workflow, sub-agents included.
+    return {"scripts": params["scripts"]} if params.get("scripts") else {}
 
 
 def compile_workflow(snap: dict, *, params: dict, recorder: StepRecorder, name: str | None = None) -> Workflow:
@@ -585,7 +609,7 @@ def compile_workflow(snap: dict, *, params: dict, recorder: StepRecorder, name: 
     for step_name, spec in graph["steps"].items():
         kind, target = step_kind(spec)
         if kind == "agent":
-            inner = build_node(build_agent(get_agent_spec(target), params=_agent_params(target, params)))
+            inner = build_node(build_agent(get_agent_spec(target), params=_agent_params(params)))
         elif kind == "function":
             inner = FunctionNode(func=FUNCTION_STEPS[target].func, name=step_name)
         elif kind == "join":

@@ -277,8 +277,16 @@ if RUN_STALE_AFTER_SECONDS <= RUN_HEARTBEAT_SECONDS * 2:
 
 # --- Agents -------------------------------------------------------------------------------------
 
+# Agent packages in `adk web`'s layout (<dir>/<name>/agent.py, …), comma-separated; the first
+# directory that has a name wins. They are imported on first use, never at settings import.
+AGENTS_DIR = env_list("AGENTS_DIR", [str(BASE_DIR / "agents" / "bundled")])
+# How long listing one MCP server's tools may take when the agents are loaded.
+AGENT_TOOL_LISTING_TIMEOUT_SECONDS = env_float("AGENT_TOOL_LISTING_TIMEOUT_SECONDS", 20.0, minimum=1)
+
 GOOGLE_API_KEY = env_str("GOOGLE_API_KEY", "")
-AGENT_MODEL = env_str("AGENT_MODEL", "gemini-2.5-flash" if GOOGLE_API_KEY else "scripted")
+# "scripted" plays each run's script offline; "" (the default with a key) lets every agent keep
+# the model it declares; any other name replaces every agent's model.
+AGENT_MODEL = env_str("AGENT_MODEL", "" if GOOGLE_API_KEY else "scripted")
 if AGENT_MODEL != "scripted" and not GOOGLE_API_KEY:
     raise ImproperlyConfigured(
         f"AGENT_MODEL={AGENT_MODEL!r} needs GOOGLE_API_KEY; unset AGENT_MODEL to use the offline "

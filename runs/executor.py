@@ -34,7 +34,7 @@ from google.genai import errors as genai_errors
 from google.genai import types
 
 from agents.adk import drop_unusable_connection, refresh_orm_thread_connections, run_coroutine, session_service
-from agents.registry import build_agent, get_agent_spec
+from agents.registry import build_agent, build_app, get_agent_spec
 from agents.retrying import EMPTY_TURN, RATE_LIMIT, RetryLog, current_retry_log, is_rate_limit
 from agents.scripted import ScriptedModelError
 from agents.workflows import StepEndedWithError, compile_workflow, original_error
@@ -221,11 +221,13 @@ async def run_agent(
     if steps is not None:
         # A workflow run executes the graph it stored when it was written (its replays too).
         root = compile_workflow(run.workflow, params=run.params, recorder=steps)
+        app = App(name=run.agent_name, root_agent=root, plugins=[plugin])
     else:
-        root = build_agent(get_agent_spec(run.agent_name), params=run.params)
+        # The run's own wrapped copy of the loaded agent tree; the package's App keeps its plugins.
+        spec = get_agent_spec(run.agent_name)
+        app = build_app(spec, root=build_agent(spec, params=run.params), name=run.agent_name, plugins=[plugin])
     # Set before ADK creates its tasks, which copy the context: every model call finds the log.
     log_token = current_retry_log.set(retries)
-    app = App(name=run.agent_name, root_agent=root, plugins=[plugin])
     sessions = session_service()
     try:
         # Most runs get a fresh session: create it without reading first.

@@ -7,7 +7,10 @@ the calls a function-response event answers. So a call is journaled exactly when
 stored — never one without the other — and both are committed before the tool starts, at no
 extra commit per call.
 
-Failures the session never records (a tool that raised has no response event) are written by
+Each row names the agent of the tree that made the call (the event's author). Calls made by an
+agent wrapped in an `AgentTool` run in ADK's in-memory session, not ours: the plugin journals
+them through Django as their events pass, still before their tools start. Failures the session
+never records (a tool that raised has no response event) are written by
 `JournalPlugin.on_tool_error_callback` through Django.
 """
 
@@ -19,9 +22,11 @@ import uuid
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db.models import Max
 from django.utils import timezone
 from google.adk.plugins.base_plugin import BasePlugin
+from google.adk.sessions.database_session_service import DatabaseSessionService
 from google.adk.sessions.schemas.v1 import StorageEvent
 from sqlalchemy import event as sqlalchemy_event
 from sqlalchemy import text
@@ -37,8 +42,8 @@ ABORTED_RESPONSE = "Invocation was aborted by client."
 _INSERT_CALL = text(
     # seq continues the run's journal; the unique (run, call_id) constraint makes a redelivered
     # event a no-op. The WHERE clause also keeps SQLite's parser from reading ON CONFLICT as a join.
-    "INSERT INTO tool_calls (run_id, seq, call_id, tool_name, args, status, called_at, response_summary) "
-    "SELECT :run_id, COALESCE(MAX(seq), 0) + 1, :call_id, :tool_name, :args, :status, :called_at, '' "
+    "INSERT INTO tool_calls (run_id, seq, call_id, tool_name, agent_name, args, status, called_at, response_summary) "
+    "SELECT :run_id, COALESCE(MAX(seq), 0) + 1, :call_id, :tool_name, :agent_name, :args, :status, :called_at, '' "
     "FROM tool_calls WHERE run_id = :run_id "
     "ON CONFLICT DO NOTHING"
 )
@@ -84,10 +89,12 @@ def journal_rows(event_data: dict) -> tuple[uuid.UUID | None, list[dict], list[d
         return run_id, [], []
     parts = (event_data.get("content") or {}).get("parts") or []
     now = timezone.now()
+    author = event_data.get("author") or ""
     calls = [
         {
             "call_id": part["function_call"].get("id") or "",
             "tool_name": part["function_call"].get("name") or "",
+            "agent_name": "" if author == "user" else author,
             "args": part["function_call"].get("args") or {},
             "called_at": now,
         }
@@ -125,6 +132,7 @@ def _journal_with_the_event(mapper, connection, target: StorageEvent) -> None:
                 "run_id": run_value,
                 "call_id": call["call_id"],
                 "tool_name": call["tool_name"],
+                "agent_name": call["agent_name"],
                 "args": _db_value("args", call["args"]),
                 "status": ToolCallStatus.CALLED.value,
                 "called_at": _db_value("called_at", call["called_at"]),
@@ -140,6 +148,33 @@ def _journal_with_the_event(mapper, connection, target: StorageEvent) -> None:
                 "answered_at": _db_value("answered_at", answer["answered_at"]),
                 "summary": answer["summary"],
             },
+        )
+
+
+def journal_outside_the_session(event_data: dict) -> None:
+    """Journal an event that no Agent Ledger session stores, through Django, before it goes on.
+
+    An agent wrapped by an `AgentTool` runs in a session of ADK's own, in memory: its events never
+    reach the event table, so the hook above never sees them. The plugin writes them here; the
+    write commits before ADK runs the call's tool, as it does for stored events.
+    """
+    run_id, calls, answers = journal_rows(event_data)
+    if run_id is None:
+        return
+    for call in calls:
+        for _attempt in range(5):
+            try:
+                with transaction.atomic():
+                    if ToolCall.objects.filter(run_id=run_id, call_id=call["call_id"]).exists():
+                        break
+                    last = ToolCall.objects.filter(run_id=run_id).aggregate(last=Max("seq"))["last"] or 0
+                    ToolCall.objects.create(run_id=run_id, seq=last + 1, status=ToolCallStatus.CALLED, **call)
+                break
+            except IntegrityError:
+                continue  # a concurrent branch took that seq: count again
+    for answer in answers:
+        ToolCall.objects.filter(run_id=run_id, call_id=answer["call_id"]).update(
+            status=answer["status"], answered_at=answer["answered_at"], response_summary=answer["summary"]
         )
 
 
@@ -160,6 +195,13 @@ class JournalPlugin(BasePlugin):
         super().__init__(name="agent_ledger_journal")
         self.run_id = run_id
         self.tool_errors: dict[str, BaseException] = {}
+
+    async def on_event_callback(self, *, invocation_context, event):
+        if event.partial or isinstance(invocation_context.session_service, DatabaseSessionService):
+            return None  # stored events are journaled in their own transaction
+        if event.get_function_calls() or event.get_function_responses():
+            await sync_to_async(journal_outside_the_session)(event.model_dump(mode="json", exclude_none=True))
+        return None
 
     async def on_tool_error_callback(self, *, tool, tool_args, tool_context, error):
         call_id = tool_context.function_call_id or ""

@@ -172,9 +172,7 @@ def _input_errors(
             else:
                 validate_params(target, cleaned["params"])
         except ScriptError as exc:
-            errors.setdefault("params", []).append(
-                str(exc) if isinstance(target, dict) else f"params.script: {exc}"
-            )
+            errors.setdefault("params", []).append(str(exc))
     return cleaned, errors
 
 

@@ -84,3 +84,32 @@ def support_lead(django_user_model):
         *Permission.objects.filter(codename__in=["view_agentrun", "view_toolcall", "force_replay_agentrun"])
     )
     return user
+
+
+@pytest.fixture
+def agents_dir(settings, tmp_path):
+    """Load agent packages written by the test, through AGENTS_DIR (beside the bundled ones).
+
+    `agents_dir(desk=source, …)` writes `<tmp>/agents/<name>/agent.py` for each, points
+    AGENTS_DIR at the bundled directory and that one, and reloads the registry; the registry
+    and the import system are put back afterwards.
+    """
+    from agents import registry
+    from tests.helpers import forget_agent_packages, write_agent_packages
+
+    directory = tmp_path / "agents"
+    directory.mkdir()
+    written: list[str] = []
+    original = list(settings.AGENTS_DIR)
+
+    def load(**packages: str) -> dict:
+        write_agent_packages(directory, packages)
+        written.extend(packages)
+        forget_agent_packages(directory, written)
+        settings.AGENTS_DIR = [*original, str(directory)]
+        return registry.AGENTS.reload()
+
+    yield load
+    forget_agent_packages(directory, written)
+    settings.AGENTS_DIR = original
+    registry.AGENTS.reload()

@@ -97,3 +97,30 @@ SEND_EMAIL = {"call": "send_email", "args": EMAIL_ARGS}
 UPDATE_CRM = {"call": "update_crm", "args": {"contact_id": "C-1001", "note": "Refund confirmed."}}
 LOOKUP = {"call": "lookup_customer", "args": {"email": "jane@example.com"}}
 SAY_DONE = {"say": "Done."}
+
+
+# --- Agent packages written by a test and loaded through AGENTS_DIR --------------------------------
+
+AGENT_PACKAGES = BASE_DIR / "tests" / "agent_packages"
+MCP_SERVER = BASE_DIR / "tests" / "mcp_server.py"
+
+
+def package_source(name: str) -> str:
+    return (AGENT_PACKAGES / f"{name}.py").read_text()
+
+
+def write_agent_packages(directory: Path, packages: dict[str, str]) -> Path:
+    """Each package as `<directory>/<name>/agent.py`, the layout `adk web` reads."""
+    for name, source in packages.items():
+        (directory / name).mkdir(parents=True, exist_ok=True)
+        (directory / name / "agent.py").write_text(source)
+    return directory
+
+
+def forget_agent_packages(directory: Path, names) -> None:
+    """Undo what ADK's loader did for these packages: their modules and the sys.path entry."""
+    for module in [m for m in sys.modules if m.split(".")[0] in set(names)]:
+        del sys.modules[module]
+    resolved = str(Path(directory).resolve())
+    while resolved in sys.path:
+        sys.path.remove(resolved)

@@ -369,7 +369,7 @@ def test_someone_elses_conversation_is_a_404(client, alice_token, bob):
     "changes", [{"owner_id": "john"}, {"agent": "other"}, {"conversation_id": str(uuid.uuid4())}]
 )
 def test_a_conversation_is_found_only_for_its_owner_and_agent(client, alice, alice_token, changes, monkeypatch):
-    monkeypatch.setitem(registry.AGENTS, "other", dataclasses.replace(registry.SUPPORT, name="other"))
+    monkeypatch.setitem(registry.AGENTS, "other", dataclasses.replace(registry.get_agent_spec("support"), name="other"))
     mine = _conversation(alice)
     body = {**VALID, "conversation_id": str(mine.pk), **changes}
     response = _post(client, body, alice_token)

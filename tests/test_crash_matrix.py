@@ -1,7 +1,8 @@
 """The crash matrix: a worker process is SIGKILLed at each point of a run, for real.
 
-Each repetition starts a child process on the test database that runs the `support` agent with
-a one-email script (`send_email`, then an answer) and dies with SIGKILL at one point — through
+Each repetition starts a child process on the test database that runs an agent — the bundled
+`support`, and `mailer`, a package the test writes and loads through AGENTS_DIR — with a one-email
+script (`send_email`, then an answer) and dies with SIGKILL at one point — through
 the scripted faults where they reach, otherwise through a hook installed in the child that kills
 the process at the exact moment. Then the parent plays the rest of the world: the periodic job
 (driven directly, past the stale window), the redelivered task, a replay request without force.
@@ -25,13 +26,14 @@ from collections import Counter, defaultdict
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from agents.models import OutboxEmail
 from runs import reconcile, replay, services
 from runs.models import AgentRun, RunStatus
 from runs.tasks import execute_run
-from tests.helpers import EMAIL_ARGS, SAY_DONE, postgres_only, run_python
+from tests.helpers import EMAIL_ARGS, SAY_DONE, package_source, postgres_only, run_python
 
 pytestmark = [postgres_only, pytest.mark.django_db(transaction=True)]
 
@@ -44,9 +46,10 @@ import json, os, signal
 from runs import executor, lifecycle, services
 KILL = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
 SCRIPT = json.loads({script!r})
+AGENT = {agent!r}
 """
 _START_AND_EXECUTE = """
-run = services.start_run(agent_name="support", message="Email Jane about her refund.", owner_id="alice",
+run = services.start_run(agent_name=AGENT, message="Email Jane about her refund.", owner_id="alice",
                          params={"script": SCRIPT}, enqueue=False)
 print(run.run_id, flush=True)
 executor.execute(run.run_id)
@@ -57,7 +60,7 @@ POINTS: dict[int, dict] = {
         "label": "after the run row is written, before the claim",
         "script": [SEND_EMAIL, SAY_DONE],
         "hook": """
-run = services.start_run(agent_name="support", message="Email Jane about her refund.", owner_id="alice",
+run = services.start_run(agent_name=AGENT, message="Email Jane about her refund.", owner_id="alice",
                          params={"script": SCRIPT}, enqueue=False)
 print(run.run_id, flush=True)
 KILL()
@@ -124,29 +127,37 @@ lifecycle.settle_run = KILL
     },
 }
 
-# point -> Counter of outcome descriptions, printed at the end of the module.
-MATRIX: dict[int, Counter] = defaultdict(Counter)
+# (agent, point) -> Counter of outcome descriptions, printed at the end of the module.
+MATRIX: dict[tuple[str, int], Counter] = defaultdict(Counter)
+AGENTS = ["support", "mailer"]
 
 
-def _crash_child(point: int) -> AgentRun:
+@pytest.fixture
+def agent(request, agents_dir):
+    if request.param != "support":
+        agents_dir(**{request.param: package_source(request.param)})
+    return request.param
+
+
+def _crash_child(point: int, agent: str) -> AgentRun:
     spec = POINTS[point]
-    code = textwrap.dedent(_PRELUDE.format(script=json.dumps(spec["script"]))) + textwrap.dedent(spec["hook"])
-    child = run_python(code)
+    code = textwrap.dedent(_PRELUDE.format(script=json.dumps(spec["script"]), agent=agent)) + textwrap.dedent(spec["hook"])
+    child = run_python(code, AGENTS_DIR=",".join(settings.AGENTS_DIR))
     assert child.returncode == -signal.SIGKILL, f"point {point}: the child did not die by SIGKILL\n{child.stderr[-3000:]}"
     run_id = child.stdout.split()[0]
     return AgentRun.objects.get(pk=run_id)
 
 
 def _past_the_stale_window() -> timezone.datetime:
-    from django.conf import settings
-
     return timezone.now() + timedelta(seconds=max(settings.RUN_STALE_AFTER_SECONDS, settings.RUN_REQUEUE_AFTER_SECONDS) + 1)
 
 
 @pytest.mark.parametrize("repetition", range(REPEATS))
 @pytest.mark.parametrize("point", sorted(POINTS))
-def test_a_worker_killed_at_each_point_never_repeats_an_effect(point, repetition, admin_user):
-    run = _crash_child(point)
+@pytest.mark.parametrize("agent", AGENTS, indirect=True)
+def test_a_worker_killed_at_each_point_never_repeats_an_effect(agent, point, repetition, admin_user):
+    run = _crash_child(point, agent)
+    assert run.agent_name == agent
     effect_happened = OutboxEmail.objects.filter(run_id=run.run_id).exists()
     assert effect_happened == POINTS[point]["effect"], "the kill did not land where the point says"
     attempts_after_crash = run.attempts
@@ -190,7 +201,7 @@ def test_a_worker_killed_at_each_point_never_repeats_an_effect(point, repetition
         assert OutboxEmail.objects.filter(run_id__in=[run.run_id, again.run_id]).count() == 1
     assert OutboxEmail.objects.filter(run_id=run.run_id).count() <= 1
 
-    MATRIX[point][
+    MATRIX[(agent, point)][
         f"{run.status}/{run.error_code or '-'}, tools {run.tools_executed}, "
         f"replay {'allowed' if decision.allowed else decision.code}, emails {OutboxEmail.objects.filter(run_id=run.run_id).count()}"
     ] += 1
@@ -201,10 +212,10 @@ def _print_the_matrix(request):
     yield
     if not MATRIX:
         return
-    lines = ["", "Crash matrix (point × outcome, counts):"]
-    for point in sorted(MATRIX):
-        for outcome, count in sorted(MATRIX[point].items()):
-            lines.append(f"  ({point}) {POINTS[point]['label']}: {outcome} × {count}")
+    lines = ["", "Crash matrix (agent, point × outcome, counts):"]
+    for agent, point in sorted(MATRIX):
+        for outcome, count in sorted(MATRIX[(agent, point)].items()):
+            lines.append(f"  {agent} ({point}) {POINTS[point]['label']}: {outcome} × {count}")
     text = "\n".join(lines)
     capture = request.config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled():
@@ -216,8 +227,15 @@ def _print_the_matrix(request):
                 {
                     "repeats": REPEATS,
                     "points": {
-                        str(point): {"label": POINTS[point]["label"], "outcomes": dict(MATRIX[point])}
-                        for point in sorted(MATRIX)
+                        str(point): {"label": POINTS[point]["label"], "outcomes": dict(MATRIX[("support", point)])}
+                        for agent, point in sorted(MATRIX)
+                        if agent == "support"
+                    },
+                    # The same points for an agent loaded from AGENTS_DIR.
+                    "loaded_agent_points": {
+                        str(point): {"label": POINTS[point]["label"], "outcomes": dict(MATRIX[(agent, point)])}
+                        for agent, point in sorted(MATRIX)
+                        if agent != "support"
                     },
                 },
                 handle,

@@ -8,6 +8,7 @@ import os
 import uuid
 
 import pytest
+from google.adk.agents import LlmAgent
 from google.adk.models.llm_request import LlmRequest
 from google.genai import types
 
@@ -84,13 +85,10 @@ def test_the_running_session_is_never_modified(monkeypatch):
         ])
         return None
 
-    spec = registry.AgentSpec(
-        name="observer",
-        description="test",
-        instruction="test",
-        tools=(),
-        default_script=(SAY_DONE,),
-        before_model_callbacks=(after_the_diet,),
+    spec = registry.describe(
+        "observer",
+        LlmAgent(name="observer", description="test", instruction="test", before_model_callback=after_the_diet),
+        default_script=[SAY_DONE],
     )
     monkeypatch.setitem(registry.AGENTS, "observer", spec)
     session_id = str(uuid.uuid4())
@@ -112,12 +110,10 @@ def fetch_chart() -> dict:
 
 @pytest.fixture
 def chart_agent(monkeypatch):
-    spec = registry.AgentSpec(
-        name="charts",
-        description="test",
-        instruction="test",
-        tools=(fetch_chart,),
-        default_script=({"call": "fetch_chart", "args": {}}, SAY_DONE),
+    spec = registry.describe(
+        "charts",
+        LlmAgent(name="charts", description="test", instruction="test", tools=[fetch_chart]),
+        default_script=[{"call": "fetch_chart", "args": {}}, SAY_DONE],
     )
     monkeypatch.setitem(registry.AGENTS, "charts", spec)
     return spec

@@ -11,6 +11,7 @@ import pytest
 from django.core import mail
 from django.core.exceptions import ValidationError
 from django.db import DatabaseError, connection
+from google.adk.agents import LlmAgent
 
 from agents import registry
 from agents.models import AdkEvent, OutboxEmail
@@ -63,12 +64,10 @@ def probe_agent(monkeypatch):
         seen.append({"row": row, "stored_sha256": stored})
         return {"ok": True}
 
-    spec = registry.AgentSpec(
-        name="probe",
-        description="test probe",
-        instruction="probe",
-        tools=(probe_ledger,),
-        default_script=({"call": "probe_ledger", "args": {}}, SAY_DONE),
+    spec = registry.describe(
+        "probe",
+        LlmAgent(name="probe", description="test probe", instruction="probe", tools=[probe_ledger]),
+        default_script=[{"call": "probe_ledger", "args": {}}, SAY_DONE],
     )
     monkeypatch.setitem(registry.AGENTS, "probe", spec)
     return seen

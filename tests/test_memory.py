@@ -42,7 +42,7 @@ URL = "/api/memory/"
 @pytest.fixture
 def billing(monkeypatch):
     """A second registered agent, so that scopes can differ by agent only."""
-    spec = dataclasses.replace(registry.SUPPORT, name="billing", description="Answers billing questions.")
+    spec = dataclasses.replace(registry.get_agent_spec("support"), name="billing", description="Answers billing questions.")
     monkeypatch.setitem(registry.AGENTS, "billing", spec)
     return spec
 

@@ -16,7 +16,7 @@ from google.genai import types
 
 from agents import scripted
 from agents.models import AdkEvent, OutboxEmail
-from agents.registry import SUPPORT, build_agent
+from agents.registry import build_agent, get_agent_spec
 from agents.retrying import RetryingLlm, RetryLog, current_retry_log, provider_retry_delay
 from runs.models import AgentRun, RunStatus, ToolCallStatus
 from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, run_now, script_params
@@ -274,7 +274,7 @@ def test_the_providers_retry_delay_is_read_from_the_error(delay, expected):
 
 
 def test_every_agent_gets_the_retrying_model_and_no_turn_level_retry():
-    agent = build_agent(SUPPORT, params={})
+    agent = build_agent(get_agent_spec("support"), params={})
     assert isinstance(agent.model, RetryingLlm)
     assert isinstance(agent.model.inner, scripted.ScriptedLlm)
     # A node retry re-runs the whole agent turn from its history: never on an agent with tools.
@@ -285,7 +285,7 @@ def test_a_gemini_model_is_wrapped_too(settings):
     from google.adk.models.google_llm import Gemini
 
     settings.AGENT_MODEL = "gemini-2.5-flash"
-    agent = build_agent(SUPPORT, params={"script": [SAY_DONE]})
+    agent = build_agent(get_agent_spec("support"), params={"script": [SAY_DONE]})
     assert isinstance(agent.model, RetryingLlm)
     assert isinstance(agent.model.inner, Gemini)
     assert agent.model.model == "gemini-2.5-flash"

@@ -12,7 +12,7 @@ from django.db import connection
 
 from agents import scripted, workflows
 from agents.models import AdkEvent, CrmNote, OutboxEmail, WorkflowDefinition
-from agents.registry import BILLING, SUPPORT, TRIAGE
+from agents.registry import get_agent_spec
 from agents.services import check_workflow, save_workflow
 from runs import executor, services
 from runs import replay as rules
@@ -119,7 +119,7 @@ def test_fan_out_and_join_record_every_step_and_the_last_agent_gets_both_finding
     assert [s.step_name for s in steps[2:]] == ["findings", "brief", "support"]
     assert all(s.status == StepStatus.SUCCESS for s in steps)
     by_name = {s.step_name: s for s in steps}
-    triage_text, billing_text = TRIAGE.default_script[-1]["say"], BILLING.default_script[-1]["say"]
+    triage_text, billing_text = get_agent_spec("triage").default_script[-1]["say"], get_agent_spec("billing").default_script[-1]["say"]
     assert by_name["triage"].output_summary == triage_text
     assert by_name["billing"].output_summary == billing_text
     assert json.loads(by_name["findings"].output_summary) == {"billing": billing_text, "triage": triage_text}
@@ -130,7 +130,7 @@ def test_fan_out_and_join_record_every_step_and_the_last_agent_gets_both_finding
     # The final agent was given what both branches found.
     support_requests = [r for r in observed if "send_email" in str(r.tools_dict)]
     assert brief in request_text(support_requests[0])
-    assert run.result == SUPPORT.default_script[-1]["say"]
+    assert run.result == get_agent_spec("support").default_script[-1]["say"]
     # Every step's tool calls are the run's: both branches' lookups and support's actions.
     assert sorted(run.tools_executed) == sorted(
         ["lookup_customer", "lookup_customer", "lookup_customer", "send_email", "update_crm"]

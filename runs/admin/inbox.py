@@ -18,7 +18,7 @@ from django.http import FileResponse, Http404
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from agents.registry import AGENTS
+from agents.registry import runnable_agents
 from config.lib.admin import (
     CappedCountPaginator,
     ObjectButton,
@@ -60,9 +60,9 @@ class WebhookSourceForm(forms.ModelForm):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        names = sorted(AGENTS)
+        names = runnable_agents()
         current = self.instance.agent_name if self.instance.pk else ""
-        if current and current not in AGENTS:
+        if current and current not in names:
             names.append(current)  # shown so the person sees what is configured; clean() refuses it
         self.fields["agent_name"].choices = [(name, name) for name in names]
         self.fields["new_secret"].required = not (self.instance.pk and self.instance.secret)

@@ -24,7 +24,7 @@ class ToolCallInline(ReadOnlyAdminMixin, admin.TabularInline):
     model = ToolCall
     verbose_name = "tool call"
     verbose_name_plural = "tool journal"
-    fields = ["seq", "tool_name", "call_id", "args", "status", "doubt", "called_at", "answered_at", "response_summary"]
+    fields = ["seq", "tool_name", "agent_name", "call_id", "args", "status", "doubt", "called_at", "answered_at", "response_summary"]
     readonly_fields = fields
     extra = 0
     can_delete = False

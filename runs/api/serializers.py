@@ -118,7 +118,7 @@ class ToolCallSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = ToolCall
-        fields = ["seq", "call_id", "tool_name", "args", "status", "in_doubt", "called_at", "answered_at",
+        fields = ["seq", "call_id", "tool_name", "agent_name", "args", "status", "in_doubt", "called_at", "answered_at",
                   "response_summary"]
         read_only_fields = fields
 

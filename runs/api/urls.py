@@ -2,7 +2,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
-from agents.api import WorkflowViewSet
+from agents.api import AgentViewSet, WorkflowViewSet
 from runs.api.chat import chat_turn
 from runs.api.memory import MemorySearchView
 from runs.api.runs import RunViewSet
@@ -11,6 +11,7 @@ from runs.api.webhooks import WebhookReceiveView
 router = SimpleRouter()
 router.register("runs", RunViewSet, basename="run")
 router.register("workflows", WorkflowViewSet, basename="workflow")
+router.register("agents", AgentViewSet, basename="agent")
 
 app_name = "api"
 

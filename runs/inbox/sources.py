@@ -36,7 +36,7 @@ def source_errors(source: Any) -> dict[str, list[str]]:
         try:
             validate_params(spec, source.params)
         except ScriptError as exc:
-            errors.setdefault("params", []).append(f"params.script: {exc}")
+            errors.setdefault("params", []).append(str(exc))
     if not source.secret:
         errors.setdefault("secret", []).append("Set the shared secret the provider signs each body with.")
     elif len(source.secret) < MIN_SECRET_CHARS:

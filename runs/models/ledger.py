@@ -160,6 +160,8 @@ class ToolCall(models.Model):
     seq = models.PositiveIntegerField()
     call_id = models.CharField(max_length=128)
     tool_name = models.CharField(max_length=128)
+    # The agent of the tree whose model made the call (the event's author in ADK).
+    agent_name = models.CharField(max_length=128, blank=True, default="")
     args = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=16, choices=ToolCallStatus.choices, default=ToolCallStatus.CALLED)
     called_at = models.DateTimeField(default=timezone.now)

@@ -7,6 +7,8 @@ import time
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from agents.registry import AGENTS
+
 
 def web_command(*, host: str, port: int, workers: int = 1) -> list[str]:
     """The ASGI server: async views stream, and a client that leaves is noticed (and its chat
@@ -28,7 +30,18 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
         parser.add_argument("--web-workers", type=int, default=1, help="uvicorn worker processes")
 
+    def report_agents(self) -> None:
+        """Load AGENTS_DIR once here so a broken package is said at start-up, not at its first run."""
+        for name, spec in sorted(AGENTS.items()):
+            if spec.load_error:
+                self.stderr.write(self.style.ERROR(f"Agent {name} could not be loaded: {spec.load_error}"))
+            else:
+                self.stdout.write(f"Agent {name}: {', '.join(spec.tool_names) or 'no tools'}")
+            for error in spec.tool_errors:
+                self.stderr.write(self.style.WARNING(f"Agent {name}: {error}"))
+
     def handle(self, *args, **options):
+        self.report_agents()
         python = sys.executable
         commands = {
             "web": web_command(host=options["host"], port=options["port"], workers=options["web_workers"]),
