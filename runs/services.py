@@ -28,6 +28,7 @@ from agents.services import resolve_runnable
 from agents.workflows import WorkflowGraphError, validate_workflow_params
 from runs import lifecycle, reconcile, visibility
 from runs import replay as rules
+from runs.counters import REPLAY_REFUSALS
 from runs.models import AgentRun, RunStatus, Trigger
 from runs.refusals import (
     ForceNotPermitted,
@@ -314,6 +315,7 @@ def replay_run(run_id: Any, *, actor: Any, force: bool = False, reason: str = ""
         reconcile.reconcile_run_if_stale(original)
         decision = rules.decide(original, force=force, facts=rules.gather_facts(original, verify_digest=True))
         if decision.refusal is not None:
+            REPLAY_REFUSALS.labels(code=decision.refusal.code).inc()
             raise decision.refusal
         forced = decision.overridden is not None
         replay = AgentRun.objects.create(
