@@ -117,8 +117,9 @@ def fill(n: int) -> None:
                            outcome="skipped" if k % 9 == 0 else "started")
             for k in range(1, 7 * 24 * 4)
         )
+    # What autovacuum does to a live table: statistics and the visibility map (index-only scans).
     with connection.cursor() as cursor:
-        cursor.execute("ANALYZE")
+        cursor.execute("VACUUM ANALYZE")
     print(f"…in {time.perf_counter() - started:.0f} s", flush=True)
 
 

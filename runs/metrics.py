@@ -59,7 +59,7 @@ class LedgerCollector(Collector):
         )
         for row in (
             AgentRun.objects.filter(created_at__gte=now - RECENT).values("status", "trigger")
-            .annotate(n=Count("pk")).order_by()
+            .annotate(n=Count("*")).order_by()  # index-only on (created_at, status, trigger)
         ):
             recent.add_metric([row["status"], row["trigger"]], row["n"])
         yield recent

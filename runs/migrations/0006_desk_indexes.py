@@ -26,6 +26,14 @@ class Migration(migrations.Migration):
             index=models.Index(fields=['error_code', 'finished_at'], name='run_error_code_finished'),
         ),
         migrations.AddIndex(
+            model_name='agentrun',
+            index=models.Index(condition=models.Q(('status__in', ['error', 'cancelled']), ('tools_executed__isnull', False), models.Q(('tools_executed', []), _negated=True)), fields=['run_id'], name='run_failed_tools_called'),
+        ),
+        migrations.AddIndex(
+            model_name='agentrun',
+            index=models.Index(condition=models.Q(('status__in', ['error', 'cancelled']), ('tools_executed__isnull', True)), fields=['run_id'], name='run_failed_tools_unknown'),
+        ),
+        migrations.AddIndex(
             model_name='schedulefiring',
             index=models.Index(fields=['outcome', 'fired_at'], name='firing_outcome_fired'),
         ),

@@ -110,6 +110,20 @@ class AgentRun(models.Model):
             # the metrics of the last day by status and trigger, and the reconciled runs of the last day.
             models.Index(fields=["created_at", "status", "trigger"], name="run_created_status_trigger"),
             models.Index(fields=["error_code", "finished_at"], name="run_error_code_finished"),
+            # The failures a replay refuses without force (runs.overview's "awaiting a decision"),
+            # small enough to walk whole; their conditions are the overview's filters verbatim,
+            # which is what lets the planner use them.
+            models.Index(
+                fields=["run_id"],
+                condition=models.Q(status__in=["error", "cancelled"], tools_executed__isnull=False)
+                & ~models.Q(tools_executed=[]),
+                name="run_failed_tools_called",
+            ),
+            models.Index(
+                fields=["run_id"],
+                condition=models.Q(status__in=["error", "cancelled"], tools_executed__isnull=True),
+                name="run_failed_tools_unknown",
+            ),
         ]
         permissions = [("force_replay_agentrun", "Can force a replay that the rules refuse")]
         constraints = [
