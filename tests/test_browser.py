@@ -187,6 +187,8 @@ def test_the_desk_overview_and_a_live_run_page(live_server, support_lead, monkey
             assert page.locator("svg.desk-chart").count() == 2
             save_docs_screenshot(page.screenshot(full_page=True), "desk-overview.png")
             page.click("#awaiting-tools-called")
+            page.wait_for_url("**/admin/runs/agentrun/?desk=tools_called")
+            page.wait_for_selector("#result_list tbody tr")
             assert page.locator("#result_list tbody tr").count() == 1
 
             worker.start()

@@ -233,3 +233,27 @@ def test_the_chart_buckets_runs_by_hour_and_outcome():
     assert previous_hour.counts == {"success": 1, "error": 1}
     assert previous_hour.start == (now - timedelta(hours=1)).replace(minute=0, second=0, microsecond=0)
     assert sum(bucket.total for bucket in hourly) == 2  # the eight-day-old run is outside
+
+
+def test_the_live_fragment_follows_the_run_and_says_when_it_has_settled(support_agent, django_user_model):
+    run = make_run(status=RunStatus.RUNNING, tools=None, heartbeat_at=timezone.now(), worker="w-1:9")
+    add_call(run, status=ToolCallStatus.CALLED)
+    client = login(support_agent)
+    page = client.get(f"{RUNS}{run.pk}/change/").content.decode()
+    assert 'id="run-live"' in page and 'data-in-flight="true"' in page and "runs/live-run.js" in page
+
+    fragment = client.get(f"{RUNS}{run.pk}/live/")
+    assert fragment.status_code == 200
+    html = fragment.content.decode()
+    assert 'data-in-flight="true"' in html and "<html" not in html
+    assert "send_email" in html and "last heartbeat" in html and "w-1:9" in html
+
+    AgentRun.objects.filter(pk=run.pk).update(status=RunStatus.SUCCESS, tools_executed=["send_email"])
+    html = client.get(f"{RUNS}{run.pk}/live/").content.decode()
+    assert 'data-in-flight="false"' in html and "The run has settled (success)" in html
+    # A settled run's page has no live panel: its full timeline is shown instead.
+    assert 'id="run-live"' not in client.get(f"{RUNS}{run.pk}/change/").content.decode()
+
+    inbox_only = django_user_model.objects.create_user("ina", password="x", is_staff=True)
+    inbox_only.user_permissions.add(Permission.objects.get(codename="view_webhookevent"))
+    assert login(inbox_only).get(f"{RUNS}{run.pk}/live/").status_code in (403, 404)
