@@ -69,6 +69,7 @@ bench: $(VENV)/.bench-installed
 	$(PY) bench/purge_events.py
 	$(PY) bench/memory_search.py --rows 1000000 --owners 10000
 	$(PY) bench/admin_changelist.py --runs 1000000
+	$(PY) bench/desk_overview.py --runs 1000000
 	$(PY) bench/diet_request_size.py
 	$(PY) bench/chat_ttfe.py --turns 40
 	$(PY) bench/workflow_steps.py --runs 60 --warmup 5 --block 5

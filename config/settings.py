@@ -91,6 +91,8 @@ MIDDLEWARE = [
     # First: nothing below reads a body the limit refuses, or a query string it cannot store.
     "config.lib.limits.body_limit_middleware",
     "config.lib.query_guard.query_guard_middleware",
+    # Around the rest: django-prometheus times every request (its metrics are served at /metrics).
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -100,6 +102,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "config.lib.errors.APIErrorMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
     # Last, as django-axes asks: it answers for locked-out logins.
     "axes.middleware.AxesMiddleware",
 ]
@@ -225,11 +228,20 @@ EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.filebased.Em
 EMAIL_FILE_PATH = env_str("EMAIL_FILE_PATH", str(VAR_DIR / "mail"))
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "support@agent-ledger.local")
 
+# `json` writes one JSON object a line (for a log shipper); every line carries the run id of
+# the run it was logged in (config.lib.observability).
+LOG_FORMAT = env_str("LOG_FORMAT", "plain")
+if LOG_FORMAT not in {"plain", "json"}:
+    raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r} must be plain or json.")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"run_id": {"()": "config.lib.observability.RunIdLogFilter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s [run %(run_id)s]: %(message)s"},
+        "json": {"()": "config.lib.observability.JsonLinesFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["run_id"]}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {
         # ADK logs a full traceback for every failed run; the run row already records the
@@ -372,6 +384,16 @@ Q_CLUSTER = {
     "sync": env_bool("Q_SYNC", False),
     "label": "Background jobs",
 }
+
+# --- Operating it: metrics and traces ------------------------------------------------------------
+
+# /metrics (Prometheus) answers only when enabled, to a bearer token or a staff login.
+METRICS_ENABLED = env_bool("METRICS_ENABLED", False)
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+# Spans (ADK's, Django's requests, one per run) go over OTLP/HTTP when an endpoint is set; the
+# exporter also reads the other standard OTEL_EXPORTER_OTLP_* variables (headers, timeout).
+OTEL_EXPORTER_OTLP_ENDPOINT = env_str("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME", "agent-ledger")
 
 # --- API ----------------------------------------------------------------------------------------
 

@@ -8,6 +8,8 @@ from config.lib.api_errors import api_not_found
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
+    # Before the admin's own routes: the desk overview lives under /admin/desk/.
+    path("", include("runs.urls")),
     path("admin/", admin.site.urls),
     path("api/", include("runs.api.urls")),
     # Keep last: any other path under /api/ answers a JSON 404.

@@ -1,4 +1,7 @@
 from django.apps import AppConfig
+from django.conf import settings
+
+from config.lib.observability import configure_from_settings
 
 
 class RunsConfig(AppConfig):
@@ -8,3 +11,6 @@ class RunsConfig(AppConfig):
     def ready(self) -> None:
         # Registers the journal's hook on ADK's event rows in every process that stores events.
         from runs import journal  # noqa: F401
+
+        # Before the first request is handled: Django's request spans need their middleware.
+        configure_from_settings(settings)

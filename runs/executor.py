@@ -40,7 +40,8 @@ from agents.scripted import ScriptedModelError
 from agents.workflows import StepEndedWithError, compile_workflow, original_error
 from memory.adk import memory_service
 from memory.services import remember_events
-from runs import lifecycle
+from runs import lifecycle, telemetry
+from runs.counters import MODEL_RETRIES
 from runs.journal import JournalPlugin
 from runs.models import AgentRun, RunStatus
 from runs.steps import RunStepRecorder, output_text
@@ -206,6 +207,7 @@ CLIENT_DISCONNECTED = "client_disconnected"
 
 def retry_log_for(run: AgentRun) -> RetryLog:
     async def store(entries: list[dict]) -> None:
+        MODEL_RETRIES.labels(reason=entries[-1]["reason"]).inc()  # called once per retry
         await AgentRun.objects.filter(pk=run.run_id).aupdate(model_retries=entries)
 
     return RetryLog(on_change=store)
@@ -349,7 +351,8 @@ async def run_claimed(
 ) -> Outcome:
     try:
         run = control.run if control.run is not None else await AgentRun.objects.aget(pk=run_id)
-        return await run_agent(run, control, on_event=on_event)
+        async with telemetry.run_scope(run) as scope:
+            return scope.settled(await run_agent(run, control, on_event=on_event))
     except Exception as exc:  # noqa: BLE001
         logger.exception("Run %s: execution failed", run_id)
         return Outcome(RunStatus.ERROR, "internal", f"The worker could not run the agent: {type(exc).__name__}: {exc}")

@@ -31,6 +31,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from runs import journal, lifecycle
+from runs.counters import RECONCILIATIONS
 from runs.models import AgentRun, RunStatus, Trigger
 
 logger = logging.getLogger(__name__)
@@ -190,6 +191,7 @@ def _reconcile_chunk(
                 landed.append(run)
     for run in landed:
         logger.warning("Run %s reconciled: %s", run.run_id, run.error_message)
+    RECONCILIATIONS.inc(len(landed))
     return landed
 
 

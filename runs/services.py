@@ -29,6 +29,7 @@ from agents.workflows import WorkflowGraphError, validate_workflow_params
 from config.lib import files, safe_json
 from runs import lifecycle, quotas, reconcile, visibility
 from runs import replay as rules
+from runs.counters import REPLAY_REFUSALS
 from runs.models import AgentRun, RunStatus, Trigger
 from runs.refusals import (
     ForceNotPermitted,
@@ -327,6 +328,7 @@ def replay_run(run_id: Any, *, actor: Any, force: bool = False, reason: str = ""
         reconcile.reconcile_run_if_stale(original)
         decision = rules.decide(original, force=force, facts=rules.gather_facts(original, verify_digest=True))
         if decision.refusal is not None:
+            REPLAY_REFUSALS.labels(code=decision.refusal.code).inc()
             raise decision.refusal
         forced = decision.overridden is not None
         quotas.check_in_flight(user=actor)

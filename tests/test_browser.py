@@ -3,22 +3,28 @@
 Debian's `chromium` package provides the browser (.ci/run installs it); Playwright for Python
 drives it. The test skips itself only where that browser is absent.
 
-Set DOCS_SCREENSHOTS=1 to refresh docs/force-replay-confirmation.png from this run.
+Set DOCS_SCREENSHOTS=1 to refresh the screenshots under docs/ from this run (the force-replay
+confirmation, a run's page, the desk overview and a live run page).
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.conf import settings
-from django.db import connections
+from django.db import connection, connections
+from django.utils import timezone
 
-from runs import executor, lifecycle
+from runs import executor, lifecycle, services
 from runs.models import AgentRun, RunStatus
-from tests.helpers import SEND_EMAIL, UPDATE_CRM, run_now, script_params
+from tests.factories import make_run, run_in_state
+from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, UPDATE_CRM, run_now, script_params
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -38,6 +44,20 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"Chromium is not installed at {CHROMIUM}"),
 ]
+
+
+def save_docs_screenshot(shot: bytes, name: str) -> None:
+    if os.environ.get("DOCS_SCREENSHOTS") == "1":
+        DOCS_SCREENSHOT.parent.mkdir(exist_ok=True)
+        DOCS_SCREENSHOT.with_name(name).write_bytes(shot)
+
+
+def log_in(page, live_server, next_url: str) -> None:
+    page.goto(f"{live_server.url}/admin/login/?next={next_url}")
+    page.fill("#id_username", "lee")
+    page.fill("#id_password", "lee-pass-123")
+    page.click("input[type=submit]")
+    page.wait_for_url(f"**{next_url}")
 
 
 @contextmanager
@@ -122,9 +142,88 @@ def drive_the_desk(page, live_server, support_lead, failed, enqueued, tmp_path):
     executor.execute(replay.run_id)
     replay.refresh_from_db()
     page.reload()
-    if os.environ.get("DOCS_SCREENSHOTS") == "1":
-        page.screenshot(path=str(DOCS_SCREENSHOT.with_name("run-page.png")), full_page=True)
+    save_docs_screenshot(page.screenshot(full_page=True), "run-page.png")
     chain = page.locator(".run-chain").inner_text()
     assert str(failed.run_id)[:8] in chain and "forced by lee" in chain
     assert page.locator(".field-status .readonly").inner_text().strip() == replay.status
     assert "called send_email" in page.locator(".run-timeline").inner_text()
+
+
+def test_the_desk_overview_and_a_live_run_page(live_server, support_lead, monkeypatch, tmp_path):
+    """The desk counts what needs a person; a running run's page follows it, then stops polling."""
+    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
+    # A ledger with something in each tile and a day of history for the chart.
+    now = timezone.now()
+    for hours, status, tools in [(1, RunStatus.SUCCESS, ["send_email"]), (2, RunStatus.SUCCESS, []),
+                                 (3, RunStatus.ERROR, ["send_email"]), (5, RunStatus.SUCCESS, []),
+                                 (8, RunStatus.CANCELLED, []), (26, RunStatus.SUCCESS, []),
+                                 (50, RunStatus.ERROR, None), (75, RunStatus.SUCCESS, [])]:
+        make_run(status=status, tools=tools, created_at=now - timedelta(hours=hours))
+    run_in_state("error_unknown")
+    make_run(tools=None, error_code="reconciled", finished_at=now - timedelta(hours=1))
+
+    run = services.start_run(
+        agent_name="support", message="Look up Jane, slowly.", owner_id="jane", created_by=support_lead,
+        params=script_params(dict(LOOKUP, hang=3), SEND_EMAIL, SAY_DONE), enqueue=False,
+    )
+
+    def work() -> None:
+        try:
+            executor.execute(run.run_id)
+        finally:
+            connection.close()
+
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    worker = threading.Thread(target=work)
+    with chromium_page() as page:
+        try:
+            log_in(page, live_server, "/admin/")
+            page.click("#desk-overview-link a")
+            page.wait_for_url("**/admin/desk/")
+            assert page.locator("#awaiting-tools-called .count").inner_text() == "1"
+            assert page.locator("#awaiting-tools-unknown .count").inner_text() == "3"
+            assert page.locator("#reconciled-24h .count").inner_text() == "1"
+            assert page.locator("#in-flight .count").inner_text() == "1"
+            assert page.locator("svg.desk-chart").count() == 2
+            save_docs_screenshot(page.screenshot(full_page=True), "desk-overview.png")
+            page.click("#awaiting-tools-called")
+            page.wait_for_url("**/admin/runs/agentrun/?desk=tools_called")
+            page.wait_for_selector("#result_list tbody tr")
+            assert page.locator("#result_list tbody tr").count() == 1
+
+            worker.start()
+            deadline = time.monotonic() + 30
+            while not run.tool_calls.filter(tool_name="lookup_customer").exists():
+                assert time.monotonic() < deadline, "the hanging tool never started"
+                time.sleep(0.05)
+            fragments: list[str] = []
+            page.on("request", lambda request: fragments.append(request.url) if "/live/" in request.url else None)
+            page.goto(f"{live_server.url}/admin/runs/agentrun/{run.run_id}/change/")
+            panel = page.locator("#run-live")
+            assert panel.get_attribute("data-in-flight") == "true"
+            assert panel.get_attribute("data-polling") == "on"
+            assert "lookup_customer" in panel.locator(".live-calls").inner_text()
+            assert page.locator("#live-status").inner_text() == "running"
+            # Updated in place while the tool hangs: the heartbeat's age is refreshed, no reload.
+            page.wait_for_function("document.getElementById('run-live').dataset.updates >= 1")
+            assert "last heartbeat" in page.locator("#live-heartbeat").inner_text()
+            save_docs_screenshot(page.screenshot(), "live-run-page.png")
+
+            # The run goes on by itself; the panel follows it to the end, then stops asking.
+            page.wait_for_function("document.getElementById('run-live').dataset.polling === 'stopped'",
+                                   timeout=30_000)
+            assert page.locator("#live-status").inner_text() == "success"
+            calls = page.locator(".live-calls").inner_text()
+            assert "send_email" in calls and "answered" in calls
+            assert "The run has settled (success)" in page.locator(".live-settled").inner_text()
+            assert "called send_email" in page.locator("#run-live .run-timeline").inner_text()
+            asked = len(fragments)
+            assert asked >= 2
+            page.wait_for_timeout(3500)
+            assert len(fragments) == asked, "the page kept polling after the run settled"
+        finally:
+            if worker.is_alive() or worker.ident is not None:
+                worker.join(timeout=60)
+            connections.close_all()
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCESS

@@ -6,7 +6,7 @@ from django.contrib import admin
 
 from agents.models import WorkflowDefinition
 from agents.registry import AGENTS
-from runs import reconcile
+from runs import overview, reconcile
 
 
 class AgentFilter(admin.SimpleListFilter):
@@ -58,3 +58,30 @@ class StaleRunningFilter(admin.SimpleListFilter):
         if self.value() == "yes":
             return reconcile.stale_runs(queryset=queryset)
         return queryset
+
+
+class DeskFilter(admin.SimpleListFilter):
+    """The sets the desk overview counts, so each of its links lands on exactly those runs."""
+
+    title = "desk"
+    parameter_name = "desk"
+
+    def lookups(self, request, model_admin):
+        return [(key, label) for key, (label, _rows) in overview.DESK_SETS.items()]
+
+    def queryset(self, request, queryset):
+        chosen = overview.DESK_SETS.get(self.value() or "")
+        return chosen[1](queryset) if chosen else queryset
+
+
+class SkippedRecentlyFilter(admin.SimpleListFilter):
+    """User schedules with a slot skipped in the last 24 h (the desk overview's link)."""
+
+    title = "skipped slots"
+    parameter_name = "skipped"
+
+    def lookups(self, request, model_admin):
+        return [("24h", "skipped in the last 24 h")]
+
+    def queryset(self, request, queryset):
+        return overview.schedules_skipped_recently(queryset) if self.value() == "24h" else queryset

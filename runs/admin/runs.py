@@ -15,8 +15,8 @@ from config.lib.admin import (
     object_buttons,
 )
 from runs import reconcile, services, timeline
-from runs.admin import actions, run_page
-from runs.admin.filters import AgentFilter, StaleRunningFilter, ToolsStateFilter
+from runs.admin import actions, live, run_page
+from runs.admin.filters import AgentFilter, DeskFilter, StaleRunningFilter, ToolsStateFilter
 from runs.models import AgentRun, ToolCall
 
 
@@ -52,7 +52,7 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
         "latest_replay_link",
     ]
     list_display_links = ["short_id"]
-    list_filter = ["status", "trigger", AgentFilter, ToolsStateFilter, StaleRunningFilter]
+    list_filter = ["status", "trigger", AgentFilter, ToolsStateFilter, StaleRunningFilter, DeskFilter]
     search_fields = ["=run_id", "=owner_id", "=error_code", "error_message"]
     search_help_text = "A full run id, an owner id, an error code, or words from the error message."
     list_select_related = ["replay_of"]
@@ -97,6 +97,7 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
         "late_outcome_summary",
         "requeued_at",
         "model_retries_summary",
+        "trace_id",
     ]
     fieldsets = [
         (None, {"fields": ["run_id", "status", "agent_name", "trigger", "owner_id", "created_by"]}),
@@ -119,6 +120,7 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
                     "cancel_requested_by",
                     "requeued_at",
                     "model_retries_summary",
+                    "trace_id",
                 ]
             },
         ),
@@ -139,6 +141,11 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
                 self.admin_site.admin_view(lambda request, object_id: run_page.input_file_view(self, request, object_id)),
                 name="%s_%s_input_file" % info,
             ),
+            path(
+                "<path:object_id>/live/",
+                self.admin_site.admin_view(lambda request, object_id: live.live_fragment_view(self, request, object_id)),
+                name="%s_%s_live" % info,
+            ),
         ]
         return custom + super().get_urls()
 
@@ -153,6 +160,8 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
                 can_force=self.has_force_replay_permission(request),
                 **object_buttons(self, self.page_buttons(request, run)),
                 **run_page.workflow_steps_context(run),
+                # While it runs, the page polls the live panel instead of showing a still timeline.
+                **(live.live_context(run) if run.is_in_flight else {}),
             )
         return super().change_view(request, object_id, form_url, extra_context)
 

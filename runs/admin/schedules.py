@@ -5,6 +5,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from config.lib.admin import ReadOnlyAdminMixin
+from runs.admin.filters import SkippedRecentlyFilter
 from runs.models import RunSchedule, ScheduleFiring
 
 
@@ -42,7 +43,7 @@ class RunScheduleAdmin(admin.ModelAdmin):
 
     list_display = ["name", "enabled", "agent_name", "timing", "next_fire_at", "last_fired_at", "last_run_link",
                     "last_skipped_at"]
-    list_filter = ["enabled", "kind"]
+    list_filter = ["enabled", "kind", SkippedRecentlyFilter]
     search_fields = ["name", "agent_name", "owner_id"]
     inlines = [ScheduleFiringInline]
     readonly_fields = ["next_fire_at", "last_fired_at", "last_run_link", "last_skipped_at", "last_skip_reason",

@@ -93,6 +93,8 @@ class AgentRun(models.Model):
     webhook_event = models.ForeignKey(
         "WebhookEvent", null=True, blank=True, on_delete=models.PROTECT, related_name="runs"
     )
+    # The OpenTelemetry trace of the run's execution, when tracing was on (32 hex digits).
+    trace_id = models.CharField(max_length=32, blank=True)
 
     class Meta:
         db_table = "agent_runs"
@@ -104,6 +106,24 @@ class AgentRun(models.Model):
             models.Index(fields=["owner_id", "created_at"], name="run_owner_created"),
             models.Index(fields=["status", "created_at"], name="run_status_created"),
             models.Index(fields=["-created_at"], name="run_created_desc"),
+            # The desk overview: runs per hour by outcome (an index-only scan of a time range),
+            # the metrics of the last day by status and trigger, and the reconciled runs of the last day.
+            models.Index(fields=["created_at", "status", "trigger"], name="run_created_status_trigger"),
+            models.Index(fields=["error_code", "finished_at"], name="run_error_code_finished"),
+            # The failures a replay refuses without force (runs.overview's "awaiting a decision"),
+            # small enough to walk whole; their conditions are the overview's filters verbatim,
+            # which is what lets the planner use them.
+            models.Index(
+                fields=["run_id"],
+                condition=models.Q(status__in=["error", "cancelled"], tools_executed__isnull=False)
+                & ~models.Q(tools_executed=[]),
+                name="run_failed_tools_called",
+            ),
+            models.Index(
+                fields=["run_id"],
+                condition=models.Q(status__in=["error", "cancelled"], tools_executed__isnull=True),
+                name="run_failed_tools_unknown",
+            ),
         ]
         permissions = [("force_replay_agentrun", "Can force a replay that the rules refuse")]
         constraints = [
@@ -174,6 +194,10 @@ class ToolCall(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["run", "seq"], name="toolcall_run_seq"),
             models.UniqueConstraint(fields=["run", "call_id"], name="toolcall_run_call"),
+        ]
+        # Calls still `called` are few (in flight or in doubt): the desk counts them from here.
+        indexes = [
+            models.Index(fields=["run"], name="toolcall_called_run", condition=models.Q(status="called")),
         ]
 
     def __str__(self) -> str:

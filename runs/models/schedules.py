@@ -92,6 +92,7 @@ class ScheduleFiring(models.Model):
         db_table = "schedule_firings"
         ordering = ["-slot"]
         constraints = [models.UniqueConstraint(fields=["schedule", "slot"], name="firing_schedule_slot")]
+        indexes = [models.Index(fields=["outcome", "fired_at"], name="firing_outcome_fired")]
 
     def __str__(self) -> str:
         return f"{self.schedule} at {self.slot:%Y-%m-%d %H:%M}: {self.outcome}"

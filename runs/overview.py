@@ -1,0 +1,222 @@
+"""The desk at a glance: what needs a person now, counted with set-based, index-backed queries.
+
+Every count is capped (`CAP`, like the run list's paginator): past it the desk says "10000+",
+because an exact COUNT(*) over millions of rows is what makes a page slow. Each set here has a
+matching choice of the run list's "desk" filter (`DESK_SETS`), so a count's link lands on
+exactly the rows it counted.
+
+"Awaiting a decision" is `runs.replay.decide` applied to whole sets: a failed or cancelled run
+with no replay in flight and none that succeeded, which the rules refuse without force because
+it called tools (`tools_called`) or nobody knows (`tools_unknown`). The other refusals cannot
+apply to such a run, except `input_gone`, which needs a look at the disk per run and is left to
+the run page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db.models import Count, Exists, OuterRef, QuerySet
+from django.db.models.functions import TruncHour
+from django.utils import timezone
+
+from runs.models import (
+    IN_FLIGHT,
+    SETTLED,
+    AgentRun,
+    EventStatus,
+    FiringOutcome,
+    RunSchedule,
+    RunStatus,
+    ScheduleFiring,
+    ToolCall,
+    ToolCallStatus,
+    WebhookEvent,
+)
+from runs.reconcile import RECONCILED
+from runs.refusals import ToolsCalled, ToolsUnknown
+
+CAP = 10_000
+RECENT = timedelta(hours=24)
+CHART_DAYS = 7
+FAILED = (RunStatus.ERROR, RunStatus.CANCELLED)
+
+
+@dataclass(frozen=True)
+class CappedCount:
+    value: int
+    capped: bool
+
+    def __str__(self) -> str:
+        return f"{self.value}+" if self.capped else str(self.value)
+
+
+def capped_count(queryset: QuerySet, *, cap: int = CAP) -> CappedCount:
+    """At most `cap` + 1 primary keys, unordered: the cost is bounded whatever the table's size."""
+    counted = queryset.order_by().values("pk")[: cap + 1].count()
+    return CappedCount(min(counted, cap), counted > cap)
+
+
+# --- The sets, each also a choice of the run list's desk filter ------------------------------------
+
+
+def awaiting_decision(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
+    """Failed or cancelled, no replay in flight, none that succeeded: a person must decide."""
+    blocking_replays = AgentRun.objects.filter(
+        replay_of=OuterRef("pk"), status__in=(*IN_FLIGHT, RunStatus.SUCCESS)
+    )
+    return queryset.filter(status__in=FAILED).filter(~Exists(blocking_replays))
+
+
+# Written as the conditions of the partial indexes run_failed_tools_called / _unknown.
+def awaiting_tools_called(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
+    return awaiting_decision(queryset.filter(status__in=FAILED, tools_executed__isnull=False).exclude(tools_executed=[]))
+
+
+def awaiting_tools_unknown(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
+    return awaiting_decision(queryset.filter(status__in=FAILED, tools_executed__isnull=True))
+
+
+def in_doubt_calls() -> QuerySet[ToolCall]:
+    """Calls journaled before the tool started that never got an answer, in runs that are over."""
+    return ToolCall.objects.filter(status=ToolCallStatus.CALLED, run__status__in=SETTLED)
+
+
+def with_calls_in_doubt(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
+    doubtful = ToolCall.objects.filter(run=OuterRef("pk"), status=ToolCallStatus.CALLED)
+    return queryset.filter(status__in=SETTLED).filter(Exists(doubtful))
+
+
+def recently_reconciled(queryset: QuerySet[AgentRun], *, now: datetime | None = None) -> QuerySet[AgentRun]:
+    since = (now or timezone.now()) - RECENT
+    return queryset.filter(error_code=RECONCILED, finished_at__gte=since)
+
+
+def in_flight(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
+    return queryset.filter(status__in=IN_FLIGHT)
+
+
+def schedules_skipped_recently(queryset: QuerySet[RunSchedule], *, now: datetime | None = None) -> QuerySet:
+    since = (now or timezone.now()) - RECENT
+    skipped = ScheduleFiring.objects.filter(
+        schedule=OuterRef("pk"), outcome=FiringOutcome.SKIPPED, fired_at__gte=since
+    )
+    return queryset.filter(Exists(skipped))
+
+
+# The run list's desk filter: parameter value → (label, the set).
+DESK_SETS: dict[str, tuple[str, Callable[[QuerySet[AgentRun]], QuerySet[AgentRun]]]] = {
+    ToolsCalled.code: ("awaiting a decision: tools called", awaiting_tools_called),
+    ToolsUnknown.code: ("awaiting a decision: tools unknown", awaiting_tools_unknown),
+    "in_doubt": ("with calls in doubt", with_calls_in_doubt),
+    "reconciled_24h": ("reconciled in the last 24 h", recently_reconciled),
+    "in_flight": ("in flight (queued or running)", in_flight),
+}
+
+
+# --- The overview ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InFlight:
+    count: CappedCount
+    oldest: AgentRun | None
+
+
+@dataclass(frozen=True)
+class Bucket:
+    start: datetime
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+@dataclass(frozen=True)
+class Overview:
+    awaiting: dict[str, CappedCount]
+    calls_in_doubt: CappedCount
+    reconciled_24h: CappedCount
+    in_flight: InFlight
+    webhook_events: dict[str, CappedCount] | None
+    skipped_firings_24h: CappedCount | None
+    hourly: list[Bucket]
+    daily: list[Bucket]
+
+
+def oldest_in_flight() -> AgentRun | None:
+    # One row from each in-flight status by the (status, created_at) index, not a sort of both.
+    candidates = [
+        AgentRun.objects.filter(status=status).order_by("created_at").only("run_id", "status", "created_at",
+                                                                        "agent_name", "heartbeat_at").first()
+        for status in IN_FLIGHT
+    ]
+    found = [run for run in candidates if run is not None]
+    return min(found, key=lambda run: run.created_at, default=None)
+
+
+def runs_per_hour(*, now: datetime, days: int = CHART_DAYS) -> list[Bucket]:
+    """Runs created per hour over the last `days` days, by status; one grouped query on the
+    (created_at, status) index, every hour present (empty ones too) so the chart has no gaps."""
+    end = now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+    start = end - timedelta(days=days)
+    rows = (
+        AgentRun.objects.filter(created_at__gte=start, created_at__lt=end)
+        .annotate(hour=TruncHour("created_at"))
+        .values("hour", "status")
+        # COUNT(*), not COUNT(run_id): the index holds no run_id, and this keeps the scan index-only.
+        .annotate(n=Count("*"))
+        .order_by()
+    )
+    by_hour: dict[datetime, dict[str, int]] = {}
+    for row in rows:
+        by_hour.setdefault(row["hour"], {})[row["status"]] = row["n"]
+    hours = [start + timedelta(hours=i) for i in range(days * 24)]
+    return [Bucket(hour, by_hour.get(hour, {})) for hour in hours]
+
+
+def per_day(hourly: list[Bucket]) -> list[Bucket]:
+    days: list[Bucket] = []
+    for index in range(0, len(hourly), 24):
+        chunk = hourly[index : index + 24]
+        counts: dict[str, int] = {}
+        for bucket in chunk:
+            for status, n in bucket.counts.items():
+                counts[status] = counts.get(status, 0) + n
+        days.append(Bucket(chunk[0].start, counts))
+    return days
+
+
+def build_overview(*, now: datetime | None = None, inbox: bool = True, schedules: bool = True) -> Overview:
+    """Everything the desk's first page shows; `inbox` and `schedules` follow the viewer's rights."""
+    now = now or timezone.now()
+    runs = AgentRun.objects.all()
+    events = None
+    if inbox:
+        events = {
+            status: capped_count(WebhookEvent.objects.filter(status=status))
+            for status in (EventStatus.NEEDS_REVIEW, EventStatus.DEAD)
+        }
+    skipped = None
+    if schedules:
+        skipped = capped_count(
+            ScheduleFiring.objects.filter(outcome=FiringOutcome.SKIPPED, fired_at__gte=now - RECENT)
+        )
+    hourly = runs_per_hour(now=now)
+    return Overview(
+        awaiting={
+            ToolsCalled.code: capped_count(awaiting_tools_called(runs)),
+            ToolsUnknown.code: capped_count(awaiting_tools_unknown(runs)),
+        },
+        calls_in_doubt=capped_count(in_doubt_calls()),
+        reconciled_24h=capped_count(recently_reconciled(runs, now=now)),
+        in_flight=InFlight(capped_count(in_flight(runs)), oldest_in_flight()),
+        webhook_events=events,
+        skipped_firings_24h=skipped,
+        hourly=hourly[-24:],
+        daily=per_day(hourly),
+    )
+
