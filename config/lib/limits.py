@@ -20,11 +20,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from rest_framework import exceptions, status
 
+from config.lib.middleware import refusing_middleware
 from config.lib.parsers import MULTIPART_OVERHEAD_BYTES
 
 # Room for the form fields and multipart framing around an upload of MAX_UPLOAD_BYTES.
@@ -163,21 +163,5 @@ def refusal_for(request: HttpRequest) -> HttpResponse | None:
     return None
 
 
-def body_limit_middleware(get_response):
-    """First in MIDDLEWARE: nothing after it reads a body the limit refuses."""
-    if iscoroutinefunction(get_response):
-
-        async def middleware(request: HttpRequest) -> HttpResponse:
-            return refusal_for(request) or await get_response(request)
-
-        markcoroutinefunction(middleware)
-    else:
-
-        def middleware(request: HttpRequest) -> HttpResponse:
-            return refusal_for(request) or get_response(request)
-
-    return middleware
-
-
-body_limit_middleware.sync_capable = True
-body_limit_middleware.async_capable = True
+# First in MIDDLEWARE: nothing after it reads a body the limit refuses.
+body_limit_middleware = refusing_middleware(refusal_for)

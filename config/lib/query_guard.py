@@ -7,9 +7,9 @@ string. One middleware checks every name and value before any view sees them.
 
 from __future__ import annotations
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from config.lib.middleware import refusing_middleware
 from config.lib.safe_json import text_problem
 
 
@@ -25,20 +25,4 @@ def refusal_for(request: HttpRequest) -> HttpResponse | None:
     return None
 
 
-def query_guard_middleware(get_response):
-    if iscoroutinefunction(get_response):
-
-        async def middleware(request: HttpRequest) -> HttpResponse:
-            return refusal_for(request) or await get_response(request)
-
-        markcoroutinefunction(middleware)
-    else:
-
-        def middleware(request: HttpRequest) -> HttpResponse:
-            return refusal_for(request) or get_response(request)
-
-    return middleware
-
-
-query_guard_middleware.sync_capable = True
-query_guard_middleware.async_capable = True
+query_guard_middleware = refusing_middleware(refusal_for)

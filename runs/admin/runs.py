@@ -65,40 +65,6 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
     inlines = [ToolCallInline]
     actions = [actions.replay_selected, actions.force_replay_selected, actions.cancel_selected,
                actions.reconcile_stale_runs_now]
-    readonly_fields = [
-        "run_id",
-        "status",
-        "agent_name",
-        "trigger",
-        "owner_id",
-        "created_by",
-        "input_message",
-        "input_params",
-        "input_file_link",
-        "input_file_sha256",
-        "tools_called",
-        "error_code",
-        "error_message",
-        "result",
-        "attempts",
-        "replay_of_link",
-        "forced",
-        "forced_by",
-        "force_reason",
-        "session_id",
-        "conversation_id",
-        "created_at",
-        "started_at",
-        "heartbeat_at",
-        "finished_at",
-        "worker",
-        "cancel_requested_at",
-        "cancel_requested_by",
-        "late_outcome_summary",
-        "requeued_at",
-        "model_retries_summary",
-        "trace_id",
-    ]
     fieldsets = [
         (None, {"fields": ["run_id", "status", "agent_name", "trigger", "owner_id", "created_by"]}),
         ("Input", {"fields": ["input_message", "input_params", "input_file_link", "input_file_sha256"]}),
@@ -125,6 +91,9 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
             },
         ),
     ]
+
+    # A record, not a form: every field on the page is read-only.
+    readonly_fields = [name for _, options in fieldsets for name in options["fields"]]
 
     def get_queryset(self, request):
         latest_replay = AgentRun.objects.filter(replay_of=OuterRef("pk")).order_by("-created_at").values("pk")[:1]
