@@ -220,6 +220,9 @@ if AGENT_MODEL != "scripted" and not GOOGLE_API_KEY:
         "scripted model."
     )
 SCRIPTED_FAULTS_ENABLED = env_bool("SCRIPTED_FAULTS_ENABLED", DEBUG)
+# MCP servers whose readOnlyHint / idempotentHint count (names, commands or URLs); any other
+# server's tools are effectful whatever they claim.
+MCP_TRUSTED_SERVERS = env_list("MCP_TRUSTED_SERVERS", [])
 # The memory diet: base64 strings at least this long in old function responses are stripped
 # from model requests. Shorter ones are ids and tokens, not payloads, hence the floor.
 STRIP_PAYLOAD_MIN_CHARS = env_int("STRIP_PAYLOAD_MIN_CHARS", 4000, minimum=256)
@@ -311,5 +314,7 @@ SPECTACULAR_SETTINGS = {
         "RunStatusEnum": "runs.models.RunStatus",
         "ToolCallStatusEnum": "runs.models.ToolCallStatus",
         "TriggerEnum": "runs.models.Trigger",
+        "SettledOutcomeEnum": "runs.models.SettledOutcome",
+        "EffectsEnum": "runs.models.EffectsChoice",
     },
 }

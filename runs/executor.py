@@ -41,6 +41,7 @@ from agents.workflows import StepEndedWithError, compile_workflow, original_erro
 from memory.adk import memory_service
 from memory.services import remember_events
 from runs import lifecycle
+from runs.effects import EffectsPlugin, effect_in_doubt_of
 from runs.journal import JournalPlugin
 from runs.models import AgentRun, RunStatus
 from runs.steps import RunStepRecorder, output_text
@@ -158,6 +159,9 @@ def rate_limit_message(exc: genai_errors.ClientError, retries: RetryLog | None) 
 
 
 def describe_exception(exc: BaseException, plugin: JournalPlugin, retries: RetryLog | None = None) -> Outcome:
+    in_doubt = effect_in_doubt_of(exc)
+    if in_doubt is not None:
+        return Outcome(RunStatus.ERROR, "effect_in_doubt", str(in_doubt))
     tool_error = next((e for e in plugin.tool_errors.values() if e is exc), None)
     if tool_error is not None:
         return Outcome(RunStatus.ERROR, "tool_failed", f"A tool failed: {type(exc).__name__}: {exc}")
@@ -225,7 +229,7 @@ async def run_agent(
         root = build_agent(get_agent_spec(run.agent_name), params=run.params)
     # Set before ADK creates its tasks, which copy the context: every model call finds the log.
     log_token = current_retry_log.set(retries)
-    app = App(name=run.agent_name, root_agent=root, plugins=[plugin])
+    app = App(name=run.agent_name, root_agent=root, plugins=[plugin, EffectsPlugin(run)])
     sessions = session_service()
     try:
         # Most runs get a fresh session: create it without reading first.
