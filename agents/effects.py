@@ -131,8 +131,8 @@ def mcp_server_names(tool: Any) -> set[str]:
     """The names a deployment may use for the MCP server behind an ADK McpTool.
 
     ADK keeps the connection parameters on the tool's session manager (private attributes), so
-    each is read defensively: the command and its script for a stdio server, the URL otherwise,
-    and the toolset's name prefix if it has one.
+    each is read defensively: a stdio server's command line and the script or package it starts,
+    another server's URL, and the toolset's name prefix if it has one.
     """
     names: set[str] = set()
     manager = getattr(tool, "_mcp_session_manager", None)
@@ -140,11 +140,13 @@ def mcp_server_names(tool: Any) -> set[str]:
     server = getattr(params, "server_params", None) or params
     command = getattr(server, "command", None)
     if isinstance(command, str) and command:
-        names.add(command)
         args = [arg for arg in (getattr(server, "args", None) or []) if isinstance(arg, str)]
-        if args:
-            names.add(" ".join([command, *args]))
-            names.update(args)
+        # The whole command line, and the script or package it starts; never the bare launcher
+        # (trusting "npx" or "python" would trust every server it can start).
+        names.add(" ".join([command, *args]))
+        target = next((arg for arg in args if not arg.startswith("-")), None)
+        if target:
+            names.add(target)
     url = getattr(params, "url", None)
     if isinstance(url, str) and url:
         names.add(url)
