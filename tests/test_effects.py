@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import threading
 
 import pytest
 from django.contrib.auth.models import Permission
+from django.db import connection
 from django.test import Client
 from google.adk.tools import FunctionTool
 from rest_framework.test import APIClient
@@ -30,7 +33,18 @@ from runs.inbox import processing
 from runs.models import AgentRun, EffectStatus, EventStatus, RunStatus, ToolEffect, WebhookEvent
 from runs.refusals import CallsInDoubt, RedoNeedsForce, ToolsCalled
 from tests.factories import API_HINT
-from tests.helpers import BASE_DIR, EMAIL_ARGS, LOOKUP, SAY_DONE, SEND_EMAIL, UPDATE_CRM, run_now, script_params
+from tests.helpers import (
+    BASE_DIR,
+    EMAIL_ARGS,
+    LOOKUP,
+    SAY_DONE,
+    SEND_EMAIL,
+    UPDATE_CRM,
+    child_env,
+    postgres_only,
+    run_now,
+    script_params,
+)
 
 FAIL = {"fail": "error", "message": "The model is down."}
 db = pytest.mark.django_db(transaction=True)
@@ -223,7 +237,7 @@ def test_a_forced_replay_reuses_recorded_effects_by_default(alice, support_lead)
         ("lookup_customer", "answered"), ("send_email", "deduplicated"), ("update_crm", "deduplicated")]
     # The model was served what the first call answered.
     first_email = original.tool_calls.get(tool_name="send_email")
-    assert calls[1].response_summary == first_email.response_summary
+    assert json.loads(calls[1].response_summary) == json.loads(first_email.response_summary)
     assert ToolEffect.objects.get(key=calls[1].effect_key).first_run_id == original.run_id
 
     client = APIClient()
@@ -377,3 +391,68 @@ def test_the_force_replay_page_asks_reuse_or_redo_and_previews_each_call(support
 @db
 def test_permission_names_exist_for_the_settle_door():
     assert Permission.objects.filter(codename="settle_toolcall", content_type__app_label="runs").exists()
+
+
+# --- Concurrency (PostgreSQL, real processes) -------------------------------------------------------------
+
+
+@postgres_only
+@db
+def test_concurrent_forced_replays_of_one_intent_send_one_email(support_lead):
+    """Many people force replays at once, and the replays run in separate worker processes."""
+    first = run_now(params=script_params(FAIL))
+    second = execute(services.replay_run(first.run_id, actor=support_lead), script=[FAIL])
+    assert effects.intent_id(second) == effects.intent_id(first)
+
+    # 8 simultaneous requests, half for each run of the chain: one replay each gets through.
+    barrier = threading.Barrier(8)
+    created: list[AgentRun] = []
+    refused: list[Exception] = []
+    lock = threading.Lock()
+
+    def force(target: AgentRun) -> None:
+        try:
+            connection.ensure_connection()
+            barrier.wait(timeout=60)
+            try:
+                replay = services.replay_run(target.run_id, actor=support_lead, force=True, reason="race")
+            except Exception as exc:  # noqa: BLE001 - collected and asserted below
+                with lock:
+                    refused.append(exc)
+            else:
+                with lock:
+                    created.append(replay)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=force, args=(target,)) for target in [first, second] * 4]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(created) == 2 and {r.replay_of_id for r in created} == {first.run_id, second.run_id}
+    assert len(refused) == 6 and {getattr(r, "code", "") for r in refused} == {"replay_in_flight"}
+
+    # Both replays share the intent, so they race for the email's key in two worker processes;
+    # the winner holds the key a moment inside the tool, so the other sees it `started`.
+    scripts = {created[0].run_id: [dict(SEND_EMAIL, hang=1.5), SAY_DONE], created[1].run_id: [SEND_EMAIL, SAY_DONE]}
+    for run_id, script in scripts.items():
+        AgentRun.objects.filter(pk=run_id).update(config={"message": "Email Jane.", "params": script_params(*script)})
+    workers = [
+        subprocess.Popen([sys.executable, "-c", f"import django; django.setup()\nfrom runs import executor\n"
+                          f"executor.execute({str(run_id)!r})"], cwd=BASE_DIR, env=child_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for run_id in scripts
+    ]
+    for worker in workers:
+        _, stderr = worker.communicate(timeout=120)
+        assert worker.returncode == 0, stderr.decode()[-3000:]
+
+    assert emails_to_jane() == 1
+    record = ToolEffect.objects.get()
+    assert record.status == EffectStatus.DONE
+    outcomes = {run.run_id: (run.status, run.error_code) for run in AgentRun.objects.filter(pk__in=list(scripts))}
+    winner = outcomes.pop(record.first_run_id)
+    assert winner == (RunStatus.SUCCESS, "")
+    # The other was either served the record (it came second) or stopped while the first was at work.
+    assert list(outcomes.values())[0] in {(RunStatus.SUCCESS, ""), (RunStatus.ERROR, "effect_in_doubt")}
