@@ -157,11 +157,12 @@ def claim_effect(
                 "started_at": now,
             },
         )
-        if not created and effect.status == EffectStatus.FAILED and effect.stable_fields == stable_fields:
-            # Known not to have acted (a person said so): this call takes the record over, once.
+        if not created and effect.status == EffectStatus.FAILED:
+            # Known not to have acted (a person said so): this call takes the record over, once,
+            # with its own stable fields (nothing was done under the old ones).
             taken = ToolEffect.objects.filter(pk=effect.pk, status=EffectStatus.FAILED).update(
                 status=EffectStatus.STARTED, first_run_id=run_id, first_call_id=call_id, started_at=now,
-                finished_at=None, result=None, error="",
+                finished_at=None, result=None, error="", stable_fields=stable_fields,
             )
             created = taken == 1
             if not created:

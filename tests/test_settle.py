@@ -219,3 +219,20 @@ def test_the_run_page_settles_a_call_in_doubt_for_those_allowed(settler, support
     assert f'id="settled-{call.call_id}"' in html and "Outbox row 1 is the email." in html
     assert "Settle this call" not in html
     assert client.get(settle_url).status_code == 405
+
+
+def test_a_key_settled_not_done_is_taken_over_even_with_other_stable_fields(settler, support_lead):
+    run = killed_inside_the_tool("before_effect")
+    call = run.tool_calls.get()
+    settle_call(run_id=run.run_id, call_id=call.call_id, actor=settler, outcome="not_done", note="Outbox is empty.")
+    replay = services.replay_run(run.run_id, actor=support_lead)
+    other_subject = {"call": "send_email", "args": {**SEND_EMAIL["args"], "subject": "About your refund"}}
+    AgentRun.objects.filter(pk=replay.pk).update(config={**replay.config, "params": script_params(other_subject, SAY_DONE)})
+    executor.execute(replay.run_id)
+    replay.refresh_from_db()
+    # Nothing was sent under the old subject, so the new one is not a conflict: the email goes out once.
+    assert replay.status == RunStatus.SUCCESS and replay.tool_calls.get().status == "answered"
+    assert OutboxEmail.objects.get().subject == "About your refund"
+    record = ToolEffect.objects.get()
+    assert (record.status, record.first_run_id, record.stable_fields) == (
+        EffectStatus.DONE, replay.run_id, {"subject": "about your refund"})
