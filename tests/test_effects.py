@@ -456,3 +456,18 @@ def test_concurrent_forced_replays_of_one_intent_send_one_email(support_lead):
     assert winner == (RunStatus.SUCCESS, "")
     # The other was either served the record (it came second) or stopped while the first was at work.
     assert list(outcomes.values())[0] in {(RunStatus.SUCCESS, ""), (RunStatus.ERROR, "effect_in_doubt")}
+
+
+@db
+def test_effect_records_are_browsable_read_only(support_lead, django_user_model):
+    run = run_now(params=script_params(SEND_EMAIL, FAIL))
+    record = ToolEffect.objects.get()
+    admin_user = django_user_model.objects.create_superuser("root-desk")
+    client = Client()
+    client.force_login(admin_user)
+    listing = client.get("/admin/runs/tooleffect/").content.decode()
+    assert "send_email" in listing and str(run.run_id)[:8] in listing
+    page = client.get(f"/admin/runs/tooleffect/{record.pk}/change/")
+    assert page.status_code == 200 and record.key in page.content.decode()
+    assert client.post(f"/admin/runs/tooleffect/{record.pk}/delete/").status_code == 403
+    assert ToolEffect.objects.filter(pk=record.pk).exists()
