@@ -94,7 +94,10 @@ class AgentToolSerializer(serializers.Serializer):
         "builtin: an ADK tool the ledger knows (e.g. preload_memory).",
     )
     detail = serializers.CharField(help_text="The MCP server's command line, or the wrapped agent's name.")
-    effect = serializers.CharField(help_text='"effectful" for every tool until effect classes are declared.')
+    effect = serializers.ChoiceField(
+        choices=["read_only", "idempotent", "effectful"],
+        help_text="read_only (touches nothing), idempotent (deduplicated by a key from stable intent) or effectful.",
+    )
     annotations = serializers.DictField(help_text="What an MCP server says of the tool (readOnlyHint, …).")
 
 

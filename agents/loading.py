@@ -35,6 +35,7 @@ from google.adk.tools.base_toolset import BaseToolset
 from google.adk.tools.mcp_tool.mcp_session_manager import MCPSessionManager
 from google.adk.tools.mcp_tool.mcp_toolset import McpToolset
 
+from agents.effects import effect_of_tool
 from agents.scripted import TRANSFER_TOOL
 
 logger = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ class ToolInfo:
     source: str
     # The MCP server's command line, or the wrapped agent's name.
     detail: str = ""
-    # Every tool is treated as having effects until effect classes say otherwise.
+    # The tool's effect class (agents.effects): read_only, idempotent or effectful (the default).
     effect: str = "effectful"
     # What an MCP server says about the tool (readOnlyHint, destructiveHint, …).
     annotations: dict = field(default_factory=dict)
@@ -200,6 +201,7 @@ def list_mcp_tools(toolset: Any, *, timeout: float) -> list[ToolInfo]:
                     name=tool.name,
                     source=MCP,
                     detail=command,
+                    effect=effect_of_tool(tool, trusted_servers=settings.MCP_TRUSTED_SERVERS).kind,
                     annotations=annotations.model_dump(by_alias=True, exclude_none=True) if annotations else {},
                 )
             )
@@ -224,9 +226,9 @@ def _describe_tool(tool: Any, *, timeout: float) -> tuple[list[ToolInfo], str]:
         return [], f"The toolset {type(tool).__name__} is not listed here; its tools are known only when it runs."
     if isinstance(tool, BaseTool):
         source = FUNCTION if type(tool).__name__ in ("FunctionTool", "LongRunningFunctionTool") else BUILTIN
-        return [ToolInfo(name=tool.name, source=source)], ""
+        return [ToolInfo(name=tool.name, source=source, effect=effect_of_tool(tool).kind)], ""
     if callable(tool):
-        return [ToolInfo(name=getattr(tool, "__name__", repr(tool)), source=FUNCTION)], ""
+        return [ToolInfo(name=getattr(tool, "__name__", repr(tool)), source=FUNCTION, effect=effect_of_tool(tool).kind)], ""
     return [], f"The tool {tool!r} is of an unknown kind."
 
 

@@ -10,6 +10,7 @@ from django.core.mail import send_mail
 from google.adk.tools import ToolContext
 
 from agents import faults
+from agents.effects import idempotent, read_only
 from agents.models import CrmNote, Customer, OutboxEmail
 
 
@@ -27,6 +28,11 @@ def _send(run_id: uuid.UUID | None, call_id: str, to: str, subject: str, body: s
     return email
 
 
+# The recipient is the business key: the run's intent (e.g. "tell Jane about her refund") emails a
+# person once. The subject must agree for a repeat to count as the same email, so a replay whose
+# model changes the subject is refused instead of sending a second email; the body is prose the
+# model rewrites freely, so it is in neither and a rewritten body is still the same email.
+@idempotent(key="to", stable=("subject",))
 async def send_email(to: str, subject: str, body: str, tool_context: ToolContext) -> dict:
     """Send an email to a customer.
 
@@ -44,6 +50,8 @@ async def send_email(to: str, subject: str, body: str, tool_context: ToolContext
     return {"status": "sent", "message_id": f"outbox-{email.pk}", "to": to}
 
 
+# One note per contact per intent: the note's wording is the model's and may change on a replay.
+@idempotent(key="contact_id")
 async def update_crm(contact_id: str, note: str, tool_context: ToolContext) -> dict:
     """Append a note to a customer's CRM record.
 
@@ -63,6 +71,7 @@ async def update_crm(contact_id: str, note: str, tool_context: ToolContext) -> d
     return {"status": "noted", "note_id": crm_note.pk, "contact_id": contact_id}
 
 
+@read_only
 async def lookup_customer(email: str, tool_context: ToolContext) -> dict:
     """Look up a customer by email address. Reads only.
 

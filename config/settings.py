@@ -310,6 +310,9 @@ SCRIPTED_FAULTS_ENABLED = env_bool("SCRIPTED_FAULTS_ENABLED", False)
 # Whether API users (POST /api/runs/, POST /api/chat/) may send `params.script`: a script makes
 # the offline model call any tool with any arguments.
 SCRIPTS_FROM_USERS_ALLOWED = env_bool("SCRIPTS_FROM_USERS_ALLOWED", False)
+# MCP servers whose readOnlyHint / idempotentHint count (names, commands or URLs); any other
+# server's tools are effectful whatever they claim.
+MCP_TRUSTED_SERVERS = env_list("MCP_TRUSTED_SERVERS", [])
 # The memory diet: base64 strings at least this long in old function responses are stripped
 # from model requests. Shorter ones are ids and tokens, not payloads, hence the floor.
 STRIP_PAYLOAD_MIN_CHARS = env_int("STRIP_PAYLOAD_MIN_CHARS", 4000, minimum=256)
@@ -441,5 +444,7 @@ SPECTACULAR_SETTINGS = {
         "RunStatusEnum": "runs.models.RunStatus",
         "ToolCallStatusEnum": "runs.models.ToolCallStatus",
         "TriggerEnum": "runs.models.Trigger",
+        "SettledOutcomeEnum": "runs.models.SettledOutcome",
+        "EffectsEnum": "runs.models.EffectsChoice",
     },
 }

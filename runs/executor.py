@@ -42,6 +42,7 @@ from memory.adk import memory_service
 from memory.services import remember_events
 from runs import lifecycle, telemetry
 from runs.counters import MODEL_RETRIES
+from runs.effects import EffectsPlugin, effect_in_doubt_of
 from runs.journal import JournalPlugin
 from runs.models import AgentRun, RunStatus
 from runs.steps import RunStepRecorder, output_text
@@ -159,6 +160,9 @@ def rate_limit_message(exc: genai_errors.ClientError, retries: RetryLog | None) 
 
 
 def describe_exception(exc: BaseException, plugin: JournalPlugin, retries: RetryLog | None = None) -> Outcome:
+    in_doubt = effect_in_doubt_of(exc)
+    if in_doubt is not None:
+        return Outcome(RunStatus.ERROR, "effect_in_doubt", str(in_doubt))
     tool_error = next((e for e in plugin.tool_errors.values() if e is exc), None)
     if tool_error is not None:
         return Outcome(RunStatus.ERROR, "tool_failed", f"A tool failed: {type(exc).__name__}: {exc}")
@@ -218,16 +222,18 @@ async def run_agent(
 ) -> Outcome:
     """Run the agent for `run` and return its outcome; `on_event` sees every event ADK yields."""
     plugin = JournalPlugin(run.run_id)
+    # Journal first, then effects: the effect class is stamped on the event the journal records.
+    plugins = [plugin, EffectsPlugin(run)]
     retries = retry_log_for(run)
     steps = RunStepRecorder(run.run_id) if run.workflow else None
     if steps is not None:
         # A workflow run executes the graph it stored when it was written (its replays too).
         root = compile_workflow(run.workflow, params=run.params, recorder=steps)
-        app = App(name=run.agent_name, root_agent=root, plugins=[plugin])
+        app = App(name=run.agent_name, root_agent=root, plugins=plugins)
     else:
         # The run's own wrapped copy of the loaded agent tree; the package's App keeps its plugins.
         spec = get_agent_spec(run.agent_name)
-        app = build_app(spec, root=build_agent(spec, params=run.params), name=run.agent_name, plugins=[plugin])
+        app = build_app(spec, root=build_agent(spec, params=run.params), name=run.agent_name, plugins=plugins)
     # Set before ADK creates its tasks, which copy the context: every model call finds the log.
     log_token = current_retry_log.set(retries)
     sessions = session_service()

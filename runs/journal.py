@@ -36,19 +36,27 @@ from runs.models import AgentRun, ToolCall, ToolCallStatus
 
 logger = logging.getLogger(__name__)
 
+# The key runs.effects stamps into a function-call event's custom_metadata (kept here so the
+# journal, written with the event, does not import the plugin).
+EFFECTS_METADATA_KEY = "agent_ledger_effects"
+
 SUMMARY_MAX_CHARS = 500
 ABORTED_RESPONSE = "Invocation was aborted by client."
 
 _INSERT_CALL = text(
     # seq continues the run's journal; the unique (run, call_id) constraint makes a redelivered
     # event a no-op. The WHERE clause also keeps SQLite's parser from reading ON CONFLICT as a join.
-    "INSERT INTO tool_calls (run_id, seq, call_id, tool_name, agent_name, args, status, called_at, response_summary) "
-    "SELECT :run_id, COALESCE(MAX(seq), 0) + 1, :call_id, :tool_name, :agent_name, :args, :status, :called_at, '' "
+    "INSERT INTO tool_calls (run_id, seq, call_id, tool_name, agent_name, args, status, called_at, response_summary, "
+    "effect, effect_key, settled_outcome, settle_note) "
+    "SELECT :run_id, COALESCE(MAX(seq), 0) + 1, :call_id, :tool_name, :agent_name, :args, :status, :called_at, '', "
+    ":effect, '', '', '' "
     "FROM tool_calls WHERE run_id = :run_id "
     "ON CONFLICT DO NOTHING"
 )
 _ANSWER_CALL = text(
-    "UPDATE tool_calls SET status = :status, answered_at = :answered_at, response_summary = :summary "
+    # A call answered from its effect record (or refused by it) keeps saying so.
+    "UPDATE tool_calls SET status = CASE WHEN status IN ('deduplicated', 'refused') THEN status ELSE :status END, "
+    "answered_at = :answered_at, response_summary = :summary "
     "WHERE run_id = :run_id AND call_id = :call_id"
 )
 
@@ -88,6 +96,8 @@ def journal_rows(event_data: dict) -> tuple[uuid.UUID | None, list[dict], list[d
     if run_id is None or event_data.get("partial"):
         return run_id, [], []
     parts = (event_data.get("content") or {}).get("parts") or []
+    # The effect class of each call at call time, stamped by runs.effects.EffectsPlugin.
+    effects = (event_data.get("custom_metadata") or {}).get(EFFECTS_METADATA_KEY) or {}
     now = timezone.now()
     author = event_data.get("author") or ""
     calls = [
@@ -96,6 +106,7 @@ def journal_rows(event_data: dict) -> tuple[uuid.UUID | None, list[dict], list[d
             "tool_name": part["function_call"].get("name") or "",
             "agent_name": "" if author == "user" else author,
             "args": part["function_call"].get("args") or {},
+            "effect": str(effects.get(part["function_call"].get("id") or "", ""))[:16],
             "called_at": now,
         }
         for part in parts
@@ -136,6 +147,7 @@ def _journal_with_the_event(mapper, connection, target: StorageEvent) -> None:
                 "args": _db_value("args", call["args"]),
                 "status": ToolCallStatus.CALLED.value,
                 "called_at": _db_value("called_at", call["called_at"]),
+                "effect": call["effect"],
             },
         )
     for answer in answers:

@@ -86,6 +86,14 @@ class ToolsUnknown(ReplayRefused):
     forceable = True
 
 
+class CallsInDoubt(ReplayRefused):
+    """A call that acts was made and never answered: only a person (settling it) or force moves on."""
+
+    status = 409
+    code = "calls_in_doubt"
+    forceable = True
+
+
 # --- Forcing -------------------------------------------------------------------------------------
 
 
@@ -130,3 +138,80 @@ class RunAlreadySettled(Refusal):
         super().__init__(
             f"This run already finished as {status}: there is nothing left to cancel.", status=status
         )
+
+
+# --- Effects: a forced replay's choice, settling a call in doubt --------------------------------------
+
+
+class RedoNeedsForce(Refusal):
+    status = 400
+    code = "redo_needs_force"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "Redoing recorded effects (effects=redo) sends emails and writes notes again: it is a forced "
+            "replay. Pass force=true with a reason, or leave effects at reuse."
+        )
+
+
+class UnknownEffectsChoice(Refusal):
+    status = 400
+    code = "unknown_effects_choice"
+
+    def __init__(self, value: Any):
+        super().__init__(f"effects must be reuse or redo, not {value!r}.", effects=str(value))
+
+
+class CallNotFound(Refusal):
+    status = 404
+    code = "not_found"
+
+    def __init__(self, run_id: Any, call_id: Any):
+        super().__init__(
+            f"Run {run_id} has no tool call {call_id}.", run_id=str(run_id), call_id=str(call_id)
+        )
+
+
+class SettleNotPermitted(Refusal):
+    status = 403
+    code = "settle_not_permitted"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "Settling a call in doubt needs the permission “Can settle a tool call in doubt” "
+            "(runs.settle_toolcall); ask someone who has it."
+        )
+
+
+class NoteRequired(Refusal):
+    status = 400
+    code = "note_required"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "Settling a call needs a note: say how you know whether it acted (e.g. what the outbox shows)."
+        )
+
+
+class NoteTooLong(Refusal):
+    status = 400
+    code = "note_too_long"
+
+    def __init__(self, limit: int):
+        super().__init__(f"The note is longer than {limit} characters; say it in fewer words.", limit=limit)
+
+
+class UnknownOutcome(Refusal):
+    status = 400
+    code = "unknown_outcome"
+
+    def __init__(self, value: Any):
+        super().__init__(f"outcome must be done or not_done, not {value!r}.", outcome=str(value))
+
+
+class NotInDoubt(Refusal):
+    status = 409
+    code = "not_in_doubt"
+
+    def __init__(self, call_id: str, why: str):
+        super().__init__(f"Call {call_id} is not in doubt: {why} There is nothing to settle.", call_id=call_id)

@@ -6,7 +6,13 @@ those facts; `decide()` gathers them itself when it is not handed any.
 
 The rows of the table are checked in a fixed order and the first that applies answers:
 run_in_flight, replay_in_flight, input_gone (nobody can fix these by forcing, so they come
-first), then — without force — run_succeeded, already_replayed, tools_called, tools_unknown.
+first), then — without force — run_succeeded, already_replayed, calls_in_doubt, "every call
+read only" (replayed), tools_called, tools_unknown.
+
+The journal's calls are facts too: each call's effect class as it was at call time, its status,
+a person's settlement and the state of its effect record. A call may act again on a replay unless
+it is read only, was answered from an effect record (deduplicated) or refused by one, or a person
+settled that it did not act; a tool the run called with no journal row is assumed to act.
 """
 
 from __future__ import annotations
@@ -17,9 +23,21 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from runs.models import IN_FLIGHT, AgentRun, RunStatus
+from django.db.models import OuterRef, Subquery
+
+from runs.models import (
+    IN_FLIGHT,
+    AgentRun,
+    EffectStatus,
+    RunStatus,
+    SettledOutcome,
+    ToolCall,
+    ToolCallStatus,
+    ToolEffect,
+)
 from runs.refusals import (
     AlreadyReplayed,
+    CallsInDoubt,
     InputGone,
     ReplayInFlight,
     ReplayRefused,
@@ -37,12 +55,44 @@ class ReplaySummary:
     created_at: datetime | None = None
 
 
+READ_ONLY = "read_only"
+
+
+@dataclass(frozen=True)
+class CallFact:
+    """One journal row, with what its effect record says (the record under the key it used)."""
+
+    seq: int
+    call_id: str
+    tool_name: str
+    effect: str = ""  # "" = not known: treated as effectful
+    status: str = ToolCallStatus.ANSWERED
+    settled_outcome: str = ""
+    effect_key: str = ""
+    effect_status: str = ""  # the record's status ("" = no record)
+    owns_record: bool = False  # this call started the record (rather than being served by it)
+
+    @property
+    def in_doubt(self) -> bool:
+        """Started and never finished, and no person has said what happened (the run is over)."""
+        if self.settled_outcome:
+            return False
+        return self.status == ToolCallStatus.CALLED or (self.owns_record and self.effect_status == EffectStatus.STARTED)
+
+    @property
+    def may_act_again(self) -> bool:
+        if self.effect == READ_ONLY or self.status in (ToolCallStatus.DEDUPLICATED, ToolCallStatus.REFUSED):
+            return False
+        return self.settled_outcome != SettledOutcome.NOT_DONE
+
+
 @dataclass(frozen=True)
 class ReplayFacts:
     """What decide() needs beyond the row itself."""
 
     replays: tuple[ReplaySummary, ...] = ()
     input_present: bool = True
+    calls: tuple[CallFact, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -138,15 +188,74 @@ def _refusal_without_force(run: AgentRun, facts: ReplayFacts) -> ReplayRefused |
         )
     tools = tool_names_once(run.tools_executed)
     if tools:
-        return ToolsCalled(f"This run already called {', '.join(tools)} before failing: a replay would call "
+        in_doubt = [call for call in facts.calls if call.in_doubt and call.effect != READ_ONLY]
+        if in_doubt:
+            return calls_in_doubt_refusal(in_doubt)
+        acting = tools_that_may_act(tools, facts.calls)
+        if not acting:
+            return None  # every call read only (or known not to act again): harmless to repeat
+        return ToolsCalled(f"This run already called {', '.join(acting)} before failing: a replay would call "
             "them again.",
-            tools=tools,
+            tools=acting,
         )
     if run.tools_executed is None:
         return ToolsUnknown("It is unknown whether this run called any tool before failing, so a replay "
             "could repeat a side effect.",
         )
     return None
+
+
+def tools_that_may_act(tools: list[str], calls: tuple[CallFact, ...]) -> list[str]:
+    """The called tools (once, in first-call order) a replay could make act again."""
+    journaled = {call.tool_name for call in calls}
+    acting = {call.tool_name for call in calls if call.may_act_again}
+    return [name for name in tools if name in acting or name not in journaled]
+
+
+def calls_in_doubt_refusal(calls: list[CallFact]) -> CallsInDoubt:
+    names = tool_names_once([call.tool_name for call in calls])
+    if len(calls) == 1:
+        sentence = (
+            f"This run's call to {names[0]} is in doubt: it was started and never finished, so it is unknown "
+            "whether it acted, and a replay could do it again. Settle it (done or not done) once you know."
+        )
+    else:
+        sentence = (
+            f"This run's calls to {', '.join(names)} are in doubt: each was started and never finished, so it is "
+            "unknown whether they acted, and a replay could do it again. Settle each (done or not done) once you know."
+        )
+    return CallsInDoubt(sentence, tools=names, calls=[call.call_id for call in calls])
+
+
+# --- What a replay would do with each recorded call ------------------------------------------------
+
+SERVED = "served from record"
+RUNS_AGAIN = "runs again"
+REFUSED = "refused"
+NEEDS_A_PERSON = "needs a person"
+
+
+def preview_call(call: CallFact) -> tuple[str, str]:
+    """(with effects reused, with effects redone) for one recorded call, given the same arguments."""
+    if call.effect == READ_ONLY:
+        return RUNS_AGAIN, RUNS_AGAIN
+    # Redone effects get new keys: every call that acts runs again.
+    if call.status == ToolCallStatus.REFUSED and call.effect_status:
+        return REFUSED, RUNS_AGAIN
+    if call.effect_status == EffectStatus.DONE:
+        return SERVED, RUNS_AGAIN
+    if call.effect_status == EffectStatus.STARTED:
+        return NEEDS_A_PERSON, RUNS_AGAIN
+    return RUNS_AGAIN, RUNS_AGAIN
+
+
+def preview(facts: ReplayFacts) -> list[dict]:
+    rows = []
+    for call in facts.calls:
+        reuse, redo = preview_call(call)
+        rows.append({"seq": call.seq, "call_id": call.call_id, "tool_name": call.tool_name,
+                     "effect": call.effect or "effectful", "reuse": reuse, "redo": redo})
+    return rows
 
 
 # --- Facts ---------------------------------------------------------------------------------------
@@ -180,7 +289,43 @@ def gather_facts(run: AgentRun, *, verify_digest: bool = False) -> ReplayFacts:
         .order_by("-created_at")
         .values_list("run_id", "status", "created_at")
     )
-    return ReplayFacts(replays=replays, input_present=input_file_present(run, verify_digest=verify_digest))
+    return ReplayFacts(
+        replays=replays,
+        input_present=input_file_present(run, verify_digest=verify_digest),
+        calls=journal_facts(run),
+    )
+
+
+def _same_run(value: object, run_id: uuid.UUID) -> bool:
+    # A subquery's UUID comes back as the backend stores it (32 hex digits on SQLite).
+    try:
+        return value is not None and uuid.UUID(str(value)) == run_id
+    except ValueError:
+        return False
+
+
+def journal_facts(run: AgentRun) -> tuple[CallFact, ...]:
+    """The run's journal with each call's effect record, in one query."""
+    record = ToolEffect.objects.filter(key=OuterRef("effect_key"))
+    rows = (
+        ToolCall.objects.filter(run_id=run.run_id)
+        .order_by("seq")
+        .annotate(
+            record_status=Subquery(record.values("status")[:1]),
+            record_run=Subquery(record.values("first_run_id")[:1]),
+            record_call=Subquery(record.values("first_call_id")[:1]),
+        )
+        .values_list("seq", "call_id", "tool_name", "effect", "status", "settled_outcome", "effect_key",
+                     "record_status", "record_run", "record_call")
+    )
+    return tuple(
+        CallFact(
+            seq=seq, call_id=call_id, tool_name=tool_name, effect=effect, status=status,
+            settled_outcome=settled, effect_key=key, effect_status=record_status or "",
+            owns_record=record_status is not None and _same_run(record_run, run.run_id) and record_call == call_id,
+        )
+        for seq, call_id, tool_name, effect, status, settled, key, record_status, record_run, record_call in rows
+    )
 
 
 def describe_now(run: AgentRun, *, facts: ReplayFacts | None = None) -> dict:
@@ -188,4 +333,4 @@ def describe_now(run: AgentRun, *, facts: ReplayFacts | None = None) -> dict:
     facts = facts if facts is not None else gather_facts(run)
     plain = decide(run, force=False, facts=facts)
     forced = decide(run, force=True, facts=facts)
-    return {**plain.as_dict(), "force_would_replay": forced.allowed}
+    return {**plain.as_dict(), "force_would_replay": forced.allowed, "preview": preview(facts)}

@@ -30,13 +30,15 @@ from config.lib import files, safe_json
 from runs import lifecycle, quotas, reconcile, visibility
 from runs import replay as rules
 from runs.counters import REPLAY_REFUSALS
-from runs.models import AgentRun, RunStatus, Trigger
+from runs.models import AgentRun, EffectsChoice, RunStatus, Trigger
 from runs.refusals import (
     ForceNotPermitted,
     ReasonRequired,
     ReasonTooLong,
+    RedoNeedsForce,
     RunAlreadySettled,
     RunNotFound,
+    UnknownEffectsChoice,
 )
 
 logger = logging.getLogger(__name__)
@@ -291,30 +293,46 @@ def check_force(*, actor: Any, reason: Any) -> str:
 
 
 def _log_forced_replay(*, actor: Any, original: AgentRun, replay: AgentRun, overridden: str, reason: str) -> None:
-
+    choice = EffectsChoice(replay.effects).label
     LogEntry.objects.log_actions(
         actor.pk,
         [replay],
         ADDITION,
-        f"Forced replay of run {original.run_id}, overriding “{overridden}”. Reason: {reason}",
+        f"Forced replay of run {original.run_id}, overriding “{overridden}”, effects: {choice}. Reason: {reason}",
         single_object=True,
     )
     LogEntry.objects.log_actions(
         actor.pk,
         [original],
         CHANGE,
-        f"Force-replayed as run {replay.run_id}, overriding “{overridden}”. Reason: {reason}",
+        f"Force-replayed as run {replay.run_id}, overriding “{overridden}”, effects: {choice}. Reason: {reason}",
         single_object=True,
     )
 
 
-def replay_run(run_id: Any, *, actor: Any, force: bool = False, reason: str = "") -> AgentRun:
+def check_effects_choice(*, effects: Any, force: bool) -> str:
+    """reuse (the default: a done effect is served from its record) or redo (new keys; forced only)."""
+    if effects not in EffectsChoice.values:
+        raise UnknownEffectsChoice(effects)
+    if effects == EffectsChoice.REDO and not force:
+        raise RedoNeedsForce()
+    return effects
+
+
+def replay_run(
+    run_id: Any, *, actor: Any, force: bool = False, reason: str = "", effects: str = EffectsChoice.REUSE
+) -> AgentRun:
     """Replay a settled run as a new run, if `runs.replay.decide` allows it; else raise its refusal.
+
+    `effects` is a forced replay's choice, recorded on the new run: `reuse` keeps the original's
+    intent, so effects it recorded as done are served from their records instead of happening
+    again; `redo` starts a new intent, so they happen again (docs/architecture.md, "Effects").
 
     The original row is locked while deciding, so simultaneous requests for one run create at
     most one replay: the second waits, then sees the first one's replay in flight. (On SQLite,
     IMMEDIATE transactions serialise the same way.)
     """
+    effects = check_effects_choice(effects=effects, force=force)
     if force:
         reason = check_force(actor=actor, reason=reason)
 
@@ -346,6 +364,7 @@ def replay_run(run_id: Any, *, actor: Any, force: bool = False, reason: str = ""
             forced=forced,
             forced_by=actor if forced else None,
             force_reason=reason if forced else "",
+            effects=effects,
             session_id=str(uuid.uuid4()),
         )
         if forced:

@@ -6,7 +6,7 @@ import io
 from pathlib import Path
 
 from runs import services
-from runs.models import AgentRun, RunStatus
+from runs.models import AgentRun, RunStatus, ToolCall, ToolCallStatus
 
 TOOLS_UNKNOWN_API = (
     "It is unknown whether this run called any tool before failing, so a replay could repeat a side "
@@ -44,6 +44,9 @@ TABLE = [
     ("cancelled_no_tools", None, 202, None, 202),
     ("error_tools", "tools_called", 409, None, 202),
     ("error_unknown", "tools_unknown", 409, None, 202),
+    # §12.2: every recorded call read only → replayed without force; an unanswered call that acts → in doubt.
+    ("error_read_only", None, 202, None, 202),
+    ("error_in_doubt", "calls_in_doubt", 409, None, 202),
     ("replay_in_flight", "replay_in_flight", 409, "replay_in_flight", 409),
     ("already_replayed", "already_replayed", 409, None, 202),
     ("input_gone", "input_gone", 410, "input_gone", 410),
@@ -64,6 +67,11 @@ def run_in_state(state: str, *, created_by=None) -> AgentRun:
     if state in simple:
         status, tools = simple[state]
         return make_run(status=status, tools=tools, created_by=created_by)
+    if state in {"error_read_only", "error_in_doubt"}:
+        calls = [("lookup_customer", "read_only", ToolCallStatus.ANSWERED)]
+        if state == "error_in_doubt":
+            calls.append(("send_email", "idempotent", ToolCallStatus.CALLED))
+        return with_journal(make_run(status=RunStatus.ERROR, created_by=created_by), calls)
     if state in {"replay_in_flight", "already_replayed"}:
         original = make_run(status=RunStatus.ERROR, tools=[], created_by=created_by)
         replay = make_run(
@@ -79,3 +87,12 @@ def run_in_state(state: str, *, created_by=None) -> AgentRun:
         Path(original.input_file).unlink()
         return original
     raise ValueError(state)
+
+
+def with_journal(run: AgentRun, calls: list[tuple[str, str, str]]) -> AgentRun:
+    """The run's tool journal as (tool, effect class at call time, status); tools_executed follows it."""
+    for seq, (tool, effect, status) in enumerate(calls, start=1):
+        ToolCall.objects.create(run=run, seq=seq, call_id=f"call-{seq}", tool_name=tool, effect=effect, status=status)
+    AgentRun.objects.filter(pk=run.pk).update(tools_executed=[tool for tool, _, _ in calls])
+    run.refresh_from_db()
+    return run

@@ -298,7 +298,14 @@ def test_detail_has_tool_calls_replays_and_the_current_decision(as_alice, alice)
         "detail": TOOLS_CALLED_API,
         "tools": ["send_email", "update_crm"],
         "force_would_replay": True,
+        "preview": [
+            {"seq": 1, "call_id": body["tool_calls"][0]["call_id"], "tool_name": "send_email",
+             "effect": "idempotent", "reuse": "served from record", "redo": "runs again"},
+            {"seq": 2, "call_id": body["tool_calls"][1]["call_id"], "tool_name": "update_crm",
+             "effect": "idempotent", "reuse": "served from record", "redo": "runs again"},
+        ],
     }
+    assert [c["effect"] for c in body["tool_calls"]] == ["idempotent", "idempotent"]
     # Not a workflow run: no steps.
     assert body["steps"] == []
 

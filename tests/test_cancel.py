@@ -86,13 +86,16 @@ def test_a_running_run_is_cancelled_within_a_few_heartbeats_with_its_calls_recor
     assert {r["name"] for r in responses} == {"lookup_customer", "update_crm"}
     # The tool was stopped before its effect.
     assert CrmNote.objects.count() == 0
-    # A cancelled run obeys the replay rules like any failure.
+    # A cancelled run obeys the replay rules like any failure. The CRM note's effect record was
+    # written before the tool started and the cancel stopped the tool inside: whether it acted is
+    # unknown, so the call is in doubt until a person settles it (the read-only lookup never blocks).
     decision = rules.decide(run, force=False)
-    assert decision.code == "tools_called"
-    # The message is the one tools and people already know, word for word, for every failure.
+    assert decision.code == "calls_in_doubt"
+    assert decision.refusal.context["tools"] == ["update_crm"]
     assert decision.refusal.detail == (
-        "This run already called lookup_customer, update_crm before failing: a replay would call them "
-        "again. Pass force=true to run it again anyway."
+        "This run's call to update_crm is in doubt: it was started and never finished, so it is unknown "
+        "whether it acted, and a replay could do it again. Settle it (done or not done) once you know. "
+        "Pass force=true to run it again anyway."
     )
 
 

@@ -10,7 +10,15 @@ the process at the exact moment. Then the parent plays the rest of the world: th
 For every point and repetition it asserts that the run never executes twice by itself, that it
 settles, that `tools_executed` names every call whose effect may have happened (and is never
 `[]` when one did), that a replay without force is refused exactly when an effect may have
-happened, and that the outbox holds at most one email per run.
+happened (`calls_in_doubt` while the email's call is unanswered), and that the outbox holds at
+most one email per run.
+
+Then the effects (docs/architecture.md, "Effects"): a forced replay with the default choice
+(reuse recorded effects) sends exactly one email in total. Where the kill left the email's
+effect record `started` (inside the tool), that replay sends nothing and fails
+`effect_in_doubt`; a person settles the call from what the outbox shows, and the next forced
+replay either reuses the settled record or sends the email that never went out. Finally a
+forced replay that redoes the effects sends a second one.
 
 `CRASH_MATRIX_REPEATS` sets the repetitions per point (2 by default; `make bench-crash` runs
 20 and writes the matrix to bench/results/crash_matrix.json).
@@ -30,8 +38,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from agents.models import OutboxEmail
-from runs import reconcile, replay, services
-from runs.models import AgentRun, RunStatus
+from runs import effects, reconcile, replay, services
+from runs.models import AgentRun, EffectStatus, RunStatus, ToolEffect
 from runs.tasks import execute_run
 from tests.helpers import EMAIL_ARGS, SAY_DONE, package_source, postgres_only, run_python
 
@@ -189,10 +197,12 @@ def test_a_worker_killed_at_each_point_never_repeats_an_effect(agent, point, rep
         assert run.tools_executed == []
 
     decision = replay.decide(run, force=False)
+    answered = run.tool_calls.filter(status="answered").exists()
     if point == 1:
         assert decision.code == "run_succeeded"
     elif effect_may_have_happened:
-        assert decision.code == "tools_called", decision.as_dict()
+        # An unanswered call that acts is in doubt; an answered one is simply called.
+        assert decision.code == ("tools_called" if answered else "calls_in_doubt"), decision.as_dict()
     else:
         assert decision.allowed, decision.as_dict()
         # The replay the rules allow does the work exactly once, in a run of its own.
@@ -200,11 +210,53 @@ def test_a_worker_killed_at_each_point_never_repeats_an_effect(agent, point, rep
         assert execute_run(str(again.run_id)) == RunStatus.SUCCESS
         assert OutboxEmail.objects.filter(run_id__in=[run.run_id, again.run_id]).count() == 1
     assert OutboxEmail.objects.filter(run_id=run.run_id).count() <= 1
+    original_emails = OutboxEmail.objects.filter(run_id=run.run_id).count()
+
+    # Forced replays with the default choice: reuse recorded effects. Exactly one email in total.
+    reuse_steps = []
+    for _ in range(2):
+        forced = _forced_replay(run, admin_user, effects="reuse")
+        reuse_steps.append(f"{forced.status}/{forced.error_code or '-'} emails {_emails(forced)}")
+        if forced.status == RunStatus.SUCCESS:
+            break
+        # Only a call whose effect record says `started` stops a forced replay: killed inside the tool.
+        assert point in (4, 5) and forced.error_code == "effect_in_doubt", (forced.error_code, forced.error_message)
+        assert ToolEffect.objects.get().status == EffectStatus.STARTED
+        assert OutboxEmail.objects.count() == original_emails, "a call in doubt was run again"
+        # A person looks at the outbox and says what happened.
+        call = run.tool_calls.get(tool_name="send_email")
+        outcome = "done" if original_emails else "not_done"
+        effects.settle_call(run_id=run.run_id, call_id=call.call_id, actor=admin_user, outcome=outcome,
+                            note=f"The outbox shows {original_emails} email(s) from this run.")
+        reuse_steps.append(f"settled {outcome}")
+    assert forced.status == RunStatus.SUCCESS, reuse_steps
+    assert OutboxEmail.objects.count() == 1, f"point {point}: {reuse_steps}"
+    reuse_total = OutboxEmail.objects.count()
+
+    # Forced, redoing the effects: new keys, so the email is sent a second time.
+    redone = _forced_replay(run, admin_user, effects="redo")
+    assert redone.status == RunStatus.SUCCESS and _emails(redone) == 1
+    assert OutboxEmail.objects.count() == 2
 
     MATRIX[(agent, point)][
         f"{run.status}/{run.error_code or '-'}, tools {run.tools_executed}, "
-        f"replay {'allowed' if decision.allowed else decision.code}, emails {OutboxEmail.objects.filter(run_id=run.run_id).count()}"
+        f"replay {'allowed' if decision.allowed else decision.code}, emails {original_emails}"
+        f" | forced reuse: {' → '.join(reuse_steps)}; total {reuse_total}"
+        f" | forced redo: emails {_emails(redone)}; total {OutboxEmail.objects.count()}"
     ] += 1
+
+
+def _emails(run: AgentRun) -> int:
+    return OutboxEmail.objects.filter(run_id=run.run_id).count()
+
+
+def _forced_replay(run: AgentRun, actor, *, effects: str) -> AgentRun:
+    """Force a replay of `run` and execute it here, with the same email but without the kill."""
+    forced = services.replay_run(run.run_id, actor=actor, force=True, reason="crash matrix", effects=effects)
+    AgentRun.objects.filter(pk=forced.pk).update(config={**forced.config, "params": {"script": [SEND_EMAIL, SAY_DONE]}})
+    execute_run(str(forced.run_id))
+    forced.refresh_from_db()
+    return forced
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -212,7 +264,7 @@ def _print_the_matrix(request):
     yield
     if not MATRIX:
         return
-    lines = ["", "Crash matrix (agent, point × outcome, counts):"]
+    lines = ["", "Crash matrix (agent, point × outcome, emails per run, counts):"]
     for agent, point in sorted(MATRIX):
         for outcome, count in sorted(MATRIX[(agent, point)].items()):
             lines.append(f"  {agent} ({point}) {POINTS[point]['label']}: {outcome} × {count}")

@@ -448,8 +448,9 @@ def test_a_worker_killed_mid_run_is_reconciled_within_the_stale_window(settings)
     assert run.tools_executed == ["lookup_customer", "send_email"]  # the call in flight counts
     assert "actual outcome is unknown" in run.error_message
 
-    # The replay rules: an error with tools listed is refused with `tools_called` (checked through the
-    # replay rules themselves wherever they are part of the build).
+    # The replay rules: the email's call was never answered, so the run is refused with
+    # `calls_in_doubt` until a person settles it (checked through the replay rules themselves
+    # wherever they are part of the build; the read-only lookup never blocks).
     try:
         from runs import replay
     except ImportError:
@@ -459,7 +460,8 @@ def test_a_worker_killed_mid_run_is_reconciled_within_the_stale_window(settings)
             decision = replay.decide(run, force=False)
         except Exception as refusal:  # noqa: BLE001 - a refusal may be raised or returned
             decision = refusal
-        assert getattr(decision, "code", None) == "tools_called"
+        assert getattr(decision, "code", None) == "calls_in_doubt"
+        assert decision.refusal.context["tools"] == ["send_email"]
 
 
 RECONCILER = """

@@ -305,19 +305,30 @@ def test_another_users_run_is_not_found(alice, bob):
 
 
 @pytestmark_db
-def test_a_replay_of_a_real_failure_repeats_its_calls_only_when_forced(support_lead):
+def test_a_replay_of_a_real_failure_repeats_its_calls_only_when_forced_to_redo_them(support_lead):
     original = run_now(params=script_params(SEND_EMAIL, UPDATE_CRM, {"fail": "error", "message": "lost"}))
     assert original.tools_executed == ["send_email", "update_crm"]
     with pytest.raises(ToolsCalled):
         services.replay_run(original.run_id, actor=support_lead)
     assert OutboxEmail.objects.count() == 1
-
-    replay = services.replay_run(original.run_id, actor=support_lead, force=True, reason="the email bounced")
     from runs import executor
 
+    # Forced, reusing the recorded effects (the default): the email is served from its record.
+    reused = services.replay_run(original.run_id, actor=support_lead, force=True, reason="the run failed late")
+    executor.execute(reused.run_id)
+    reused.refresh_from_db()
+    assert reused.status == RunStatus.ERROR  # the same script, the same failure
+    assert reused.effects == "reuse"
+    assert OutboxEmail.objects.count() == 1
+
+    # Forced, redoing the effects: the email is sent again, because that is what was asked.
+    replay = services.replay_run(
+        original.run_id, actor=support_lead, force=True, reason="the email bounced", effects="redo"
+    )
     executor.execute(replay.run_id)
     replay.refresh_from_db()
-    assert replay.status == RunStatus.ERROR  # the same script, the same failure
+    assert replay.status == RunStatus.ERROR
+    assert replay.effects == "redo"
     assert OutboxEmail.objects.count() == 2
     assert OutboxEmail.objects.filter(run_id=replay.run_id).count() == 1
 

@@ -165,10 +165,12 @@ def test_force_reprocess_confirms_with_what_was_called_then_records_the_reason(s
     assert forced.status == RunStatus.QUEUED and event.status == EventStatus.PROCESSING
     assert LogEntry.objects.filter(object_id=str(event.pk), change_message__contains="overriding “tools_called”").exists()
 
-    # The worker runs the forced attempt: the email goes out a second time, as the person decided.
+    # The worker runs the forced attempt. The event is its attempts' one intent: the email the first
+    # attempt recorded as sent is served from its record, not sent a second time.
     AgentRun.objects.filter(pk=forced.pk).update(config={**forced.config, "params": {"script": [SEND_EMAIL, SAY_DONE]}})
     assert processing.process_event(event_id=event.pk) == EventStatus.DONE
-    assert OutboxEmail.objects.count() == 2
+    assert OutboxEmail.objects.count() == 1
+    assert forced.tool_calls.get().status == "deduplicated"
 
 
 def test_force_reprocess_cannot_override_a_run_in_flight(support_lead):

@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.db import connection
 
 from agents import scripted, workflows
@@ -16,6 +17,7 @@ from agents.registry import get_agent_spec
 from agents.services import check_workflow, save_workflow
 from runs import executor, services
 from runs import replay as rules
+from runs.effects import settle_call
 from runs.management.commands.seed_demo import DEMO_WORKFLOW
 from runs.models import AgentRun, RunStatus, RunStep, StepStatus, ToolCallStatus, Trigger
 from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, UPDATE_CRM, run_now
@@ -214,9 +216,17 @@ def test_a_failing_branch_cancels_its_sibling_and_the_run_lists_the_tools_of_eve
     assert ("lookup_customer", "omar@example.com") not in journal
     assert CrmNote.objects.filter(run_id=run.run_id).count() == 1
 
+    # update_crm raised after writing its note: its effect record never finished, so it is in doubt.
+    decision = rules.decide(run, force=False)
+    assert decision.code == "calls_in_doubt"
+    assert decision.refusal.context["tools"] == ["update_crm"]
+    # Settled (the note is there), the run is one that called tools that act; the lookups never block.
+    call = run.tool_calls.get(tool_name="update_crm")
+    settle_call(run_id=run.run_id, call_id=call.call_id, actor=get_user_model().objects.create_superuser("desk"),
+                outcome="done", note="The CRM shows the note.")
     decision = rules.decide(run, force=False)
     assert decision.code == "tools_called"
-    assert set(decision.refusal.context["tools"]) == {"send_email", "update_crm", "lookup_customer"}
+    assert set(decision.refusal.context["tools"]) == {"send_email", "update_crm"}
     assert decision.refusal.detail.startswith("This run already called ")
 
 
@@ -314,7 +324,8 @@ def test_cancelling_mid_workflow_stops_every_step_and_sub_workflow_within_a_few_
     assert run.tool_calls.count() == 2
     assert not RunStep.objects.filter(run=run, status=StepStatus.RUNNING).exists()
     assert OutboxEmail.objects.count() == 0
-    assert rules.decide(run, force=False).code == "tools_called"
+    # Both calls were read-only lookups: the cancelled workflow replays without force.
+    assert rules.decide(run, force=False).code == "replayable"
 
 
 def test_cancelling_during_a_retry_wait_stops_the_wait(settings, alice, observed):

@@ -5,7 +5,8 @@
 - `act_on_each`: an action applied object by object, each refusal reported as a message of its
   own (the admin's one translation of the refusal family).
 - `confirm_with_reason`: Django's `delete_selected` shape for a dangerous action — a
-  confirmation page listing what each object would do, a reason, then the action.
+  confirmation page listing what each object would do, a reason (and, if the action asks, one
+  choice among options), then the action.
 """
 
 from __future__ import annotations
@@ -128,6 +129,20 @@ def act_on_each(
 
 
 @dataclass(frozen=True)
+class ActionChoice:
+    """One extra question a confirmed action asks, answered by picking an option (radio buttons)."""
+
+    name: str  # the form field, passed to `perform` as a keyword argument
+    label: str
+    options: tuple[tuple[str, str, str], ...]  # (value, label, what it does)
+    default: str
+
+    def clean(self, value: str | None) -> str | None:
+        value = self.default if value in (None, "") else value
+        return value if value in {option[0] for option in self.options} else None
+
+
+@dataclass(frozen=True)
 class ReasonedAction:
     """What a confirmed action with a reason needs to know; the page's words come from here."""
 
@@ -140,6 +155,7 @@ class ReasonedAction:
     check_reason: Callable[[str], str]  # the one reason rule: returns the cleaned reason or raises a Refusal
     max_reason_chars: int
     reason_label: str = "Reason (recorded on each new run and in the admin log):"
+    choice: ActionChoice | None = None
 
 
 def confirm_with_reason(
@@ -151,25 +167,31 @@ def confirm_with_reason(
     action: ReasonedAction,
     permitted: bool,
     rows: Callable[[list[Any]], list[dict]],
-    perform: Callable[[list[Any], str], HttpResponse | None],
+    perform: Callable[..., HttpResponse | None],
 ) -> HttpResponse | None:
     """Confirm, with a reason, then `perform` (Django's delete_selected pattern).
 
     The first request shows the confirmation page; the confirmed post (`post=yes`) checks the
     reason with the same rule the services apply and performs, or shows the page again with the
-    refusal's words.
+    refusal's words. An action with a `choice` gets the picked option as a keyword argument:
+    `perform(objects, reason, **{choice.name: value})`.
     """
     if not permitted:
         raise PermissionDenied
     reason = request.POST.get("reason", "").strip()
     error = ""
+    chosen = action.choice.clean(request.POST.get(action.choice.name)) if action.choice else None
     if request.POST.get("post"):
-        try:
-            cleaned = action.check_reason(reason)
-        except Refusal as refusal:
-            error = refusal.admin_detail
+        if action.choice is not None and chosen is None:
+            error = f"Choose one of the options for “{action.choice.label}”."
         else:
-            return perform(objects, cleaned)
+            try:
+                cleaned = action.check_reason(reason)
+            except Refusal as refusal:
+                error = refusal.admin_detail
+            else:
+                extra = {action.choice.name: chosen} if action.choice is not None else {}
+                return perform(objects, cleaned, **extra)
     context = {
         **modeladmin.admin_site.each_context(request),
         "title": action.title,
@@ -180,6 +202,8 @@ def confirm_with_reason(
         "queryset": objects,
         "reason": reason,
         "reason_error": error,
+        "choice": action.choice,
+        "chosen": chosen if chosen is not None else (action.choice.default if action.choice else None),
         "max_reason_chars": action.max_reason_chars,
         "next": safe_next(request) or "",
         "opts": modeladmin.model._meta,

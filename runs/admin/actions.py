@@ -12,10 +12,10 @@ from django.contrib import admin, messages
 from django.http import HttpResponseRedirect
 from django.urls import reverse
 
-from config.lib.admin import ReasonedAction, act_on_each, back, confirm_with_reason
+from config.lib.admin import ActionChoice, ReasonedAction, act_on_each, back, confirm_with_reason
 from runs import reconcile, services
 from runs import replay as rules
-from runs.models import AgentRun, RunStatus
+from runs.models import AgentRun, EffectsChoice, RunStatus
 
 
 def run_label(run: AgentRun) -> str:
@@ -38,15 +38,20 @@ def called_tools(run: AgentRun) -> list[str] | None:
     return rules.tool_names_once(run.tools_executed) if run.tools_executed is not None else None
 
 
-def _replay_each(modeladmin, request, runs, *, force: bool, reason: str = "") -> list[AgentRun]:
+def _replay_each(
+    modeladmin, request, runs, *, force: bool, reason: str = "", effects: str = EffectsChoice.REUSE
+) -> list[AgentRun]:
     return act_on_each(
         modeladmin,
         request,
         runs,
-        act=lambda run: services.replay_run(run.run_id, actor=request.user, force=force, reason=reason),
+        act=lambda run: services.replay_run(
+            run.run_id, actor=request.user, force=force, reason=reason, effects=effects
+        ),
         label=run_label,
         success=lambda run, replay: (
-            f"{'Force-replayed' if replay.forced else 'Replayed'} as run {str(replay.run_id)[:8]}."
+            f"{'Force-replayed' if replay.forced else 'Replayed'} as run {str(replay.run_id)[:8]}"
+            f"{' (effects redone)' if replay.effects == EffectsChoice.REDO else ''}."
         ),
     )
 
@@ -86,10 +91,12 @@ def force_replay_rows(runs) -> list[dict]:
     """For each run: what it already called, and what forcing would do with it."""
     rows = []
     for run in runs:
-        forced = rules.decide(run, force=True)
+        facts = rules.gather_facts(run)
+        forced = rules.decide(run, force=True, facts=facts)
         rows.append(
             {
                 "run": run,
+                "preview": rules.preview(facts),
                 "url": change_url(run),
                 "tools": called_tools(run),
                 "journal": journal_rows(run),
@@ -106,13 +113,25 @@ FORCE_REPLAY = ReasonedAction(
     title="Force replay",
     question=(
         "Are you sure you want to force a replay of the selected {objects_name}? Each replay is a new run with the "
-        "same input. Whatever a run already called will be called again: emails are sent again, notes are written "
-        "again."
+        "same input. Choose what happens to the effects a run recorded: reused (an email recorded as sent is not "
+        "sent again) or redone (it is sent again). Tools with no effect record that act in the world are called "
+        "again either way."
     ),
     submit="Yes, force the replay",
     row_template="admin/runs/agentrun/force_replay_row.html",
     check_reason=services.check_force_reason,
     max_reason_chars=services.MAX_FORCE_REASON_CHARS,
+    choice=ActionChoice(
+        name="effects",
+        label="Recorded effects",
+        options=(
+            (EffectsChoice.REUSE, "Replay, reusing recorded effects",
+             "an effect recorded as done is served from its record: no second email, no second note."),
+            (EffectsChoice.REDO, "Replay and redo the effects",
+             "new keys: every email is sent again and every note written again."),
+        ),
+        default=EffectsChoice.REUSE,
+    ),
 )
 
 
@@ -121,8 +140,8 @@ def force_replay_selected(modeladmin, request, queryset):
     """Confirm, with a reason, then replay even what the rules refuse."""
     runs = list(queryset.order_by("created_at"))
 
-    def perform(selected, reason):
-        created = _replay_each(modeladmin, request, selected, force=True, reason=reason)
+    def perform(selected, reason, effects):
+        created = _replay_each(modeladmin, request, selected, force=True, reason=reason, effects=effects)
         return _after_replay(request, created, selected=len(selected))
 
     return confirm_with_reason(

@@ -164,8 +164,9 @@ FORCE_REPROCESS = ReasonedAction(
     title="Force reprocess",
     question=(
         "Are you sure you want to force the selected {objects_name} to be processed again? Each is processed by a "
-        "new run with the event as it was received. Whatever an earlier attempt already called will be called "
-        "again: emails are sent again, notes are written again."
+        "new run with the event as it was received, and the event's recorded effects are reused: an email or a note "
+        "an earlier attempt recorded as done is not done again. Any other tool an earlier attempt called that acts "
+        "in the world will be called again."
     ),
     submit="Yes, force reprocessing",
     row_template="admin/runs/webhookevent/force_reprocess_row.html",

@@ -147,4 +147,6 @@ def decision_now(run: AgentRun) -> dict:
         "message": "A replay would start now." if plain.allowed else plain.refusal.admin_detail,
         "force_would_replay": forced.allowed,
         "force_message": "" if forced.allowed else forced.refusal.admin_detail,
+        "preview": rules.preview(facts),
+        "facts": facts,
     }

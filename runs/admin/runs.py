@@ -15,7 +15,7 @@ from config.lib.admin import (
     object_buttons,
 )
 from runs import reconcile, services, timeline
-from runs.admin import actions, live, run_page
+from runs.admin import actions, live, run_page, settle
 from runs.admin.filters import AgentFilter, DeskFilter, StaleRunningFilter, ToolsStateFilter
 from runs.models import AgentRun, ToolCall
 
@@ -24,7 +24,8 @@ class ToolCallInline(ReadOnlyAdminMixin, admin.TabularInline):
     model = ToolCall
     verbose_name = "tool call"
     verbose_name_plural = "tool journal"
-    fields = ["seq", "tool_name", "agent_name", "call_id", "args", "status", "doubt", "called_at", "answered_at", "response_summary"]
+    fields = ["seq", "tool_name", "agent_name", "call_id", "args", "effect_class", "status", "doubt", "called_at",
+              "answered_at", "response_summary", "settlement"]
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -33,6 +34,17 @@ class ToolCallInline(ReadOnlyAdminMixin, admin.TabularInline):
     @admin.display(description="in doubt")
     def doubt(self, call: ToolCall) -> str:
         return "yes: called, never answered" if call.in_doubt else ""
+
+    @admin.display(description="effect")
+    def effect_class(self, call: ToolCall) -> str:
+        return call.effect or "effectful (not known at call time)"
+
+    @admin.display(description="settled")
+    def settlement(self, call: ToolCall) -> str:
+        if not call.settled_outcome:
+            return ""
+        who = call.settled_by.get_username() if call.settled_by else "?"
+        return f"{call.get_settled_outcome_display()} — {who}, {call.settled_at:%Y-%m-%d %H:%M} UTC: {call.settle_note}"
 
 
 @admin.register(AgentRun)
@@ -115,6 +127,13 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
                 self.admin_site.admin_view(lambda request, object_id: live.live_fragment_view(self, request, object_id)),
                 name="%s_%s_live" % info,
             ),
+            path(
+                "<path:object_id>/calls/<str:call_id>/settle/",
+                self.admin_site.admin_view(
+                    lambda request, object_id, call_id: settle.settle_call_view(self, request, object_id, call_id)
+                ),
+                name="%s_%s_settle_call" % info,
+            ),
         ]
         return custom + super().get_urls()
 
@@ -125,7 +144,8 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
             extra_context.update(
                 timeline=timeline.timeline_items(timeline.run_events(run)),
                 replay_chain=run_page.replay_chain(run),
-                decision=run_page.decision_now(run),
+                decision=(decision := run_page.decision_now(run)),
+                **settle.settle_context(run, decision["facts"], user=request.user),
                 can_force=self.has_force_replay_permission(request),
                 **object_buttons(self, self.page_buttons(request, run)),
                 **run_page.workflow_steps_context(run),

@@ -17,13 +17,15 @@ from config.lib.api_errors import InvalidCursor, errors
 from config.lib.parsers import BoundedJSONParser, BoundedMultiPartParser
 from config.lib.serializers import EmptySerializer
 from config.lib.throttles import REPLAY, START_RUN, ScopedUserRateThrottle
-from runs import reconcile, services, timeline, visibility
+from runs import effects, reconcile, services, timeline, visibility
 from runs.api.serializers import (
     ReplayRequestSerializer,
     RunCreateSerializer,
     RunDetailSerializer,
     RunEventsSerializer,
     RunSerializer,
+    SettleRequestSerializer,
+    ToolCallSerializer,
 )
 from runs.models import AgentRun, RunStatus, RunStep, ToolCall, Trigger
 
@@ -170,16 +172,20 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         summary="Replay a settled run as a new run",
         description=(
             "Follows the replay rules: 409 `run_in_flight`, `replay_in_flight`, `run_succeeded`, "
-            "`already_replayed`, `tools_called`, `tools_unknown`; 410 `input_gone`. `force` overrides "
-            "the refusals a person may override; it needs the permission runs.force_replay_agentrun "
-            "(else 403) and a `reason` (else 400)."
+            "`already_replayed`, `calls_in_doubt`, `tools_called`, `tools_unknown`; 410 `input_gone`. A run "
+            "whose calls were all read only is replayed without force. `force` overrides the refusals a person "
+            "may override; it needs the permission runs.force_replay_agentrun (else 403) and a `reason` (else "
+            "400). `effects` (with force): `reuse` (default) serves effects recorded as done from their records, "
+            "`redo` does them again; the choice is recorded on the new run."
         ),
         request=ReplayRequestSerializer,
         responses={202: RunSerializer, **errors(400, 401, 403, 404, 409, 410, 415)},
         examples=[
             OpenApiExample("Replay", value={"force": False, "reason": ""}, request_only=True),
-            OpenApiExample("Force", value={"force": True, "reason": "The email bounced; resend it."},
-                           request_only=True),
+            OpenApiExample("Force", value={"force": True, "reason": "The run failed after its email; finish it.",
+                                           "effects": "reuse"}, request_only=True),
+            OpenApiExample("Force and redo", value={"force": True, "reason": "The email bounced; resend it.",
+                                                    "effects": "redo"}, request_only=True),
             OpenApiExample(
                 "Refused",
                 value={"code": "tools_called",
@@ -199,8 +205,38 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             actor=request.user,
             force=serializer.validated_data["force"],
             reason=serializer.validated_data["reason"],
+            effects=serializer.validated_data["effects"],
         )
         return self._run_response(replay)
+
+    @extend_schema(
+        summary="Settle a tool call in doubt: did it act or not?",
+        description=(
+            "A call in doubt was started and never finished (its worker died, or the tool raised after "
+            "starting its effect). A person who checked says `done` (its effect record is marked done, so a "
+            "replay reuses it) or `not_done` (marked failed, so a replay may run it), with a `note`. Needs the "
+            "permission runs.settle_toolcall (else 403); 400 without a note; 409 `not_in_doubt`; 404 for a run "
+            "you cannot see or a call it does not have. The run's recorded outcome is never changed."
+        ),
+        request=SettleRequestSerializer,
+        responses={200: ToolCallSerializer, **errors(400, 401, 403, 404, 409, 415)},
+        examples=[
+            OpenApiExample("Done", value={"outcome": "done", "note": "The outbox shows the email to Jane."},
+                           request_only=True),
+        ],
+    )
+    @action(detail=True, methods=["post"], url_path=r"calls/(?P<call_id>[^/]+)/settle", url_name="settle-call")
+    def settle(self, request, run_id=None, call_id=None):
+        serializer = SettleRequestSerializer(data=request.data, context=self.get_serializer_context())
+        serializer.is_valid(raise_exception=True)
+        call = effects.settle_call(
+            run_id=run_id,
+            call_id=call_id,
+            actor=request.user,
+            outcome=serializer.validated_data["outcome"],
+            note=serializer.validated_data["note"],
+        )
+        return Response(ToolCallSerializer(call, context=self.get_serializer_context()).data)
 
     @extend_schema(
         summary="Cancel a queued or running run",

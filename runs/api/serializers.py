@@ -11,7 +11,8 @@ from config.lib import safe_json
 from config.lib.serializers import StrictBooleanField, StrictCharField, StrictSerializer
 from config.lib.user_params import scripts_refusal
 from runs import replay as rules
-from runs.models import AgentRun, RunStep, ToolCall
+from runs.effects import MAX_NOTE_CHARS
+from runs.models import AgentRun, EffectsChoice, RunStep, SettledOutcome, ToolCall
 from runs.services import MAX_FORCE_REASON_CHARS
 
 
@@ -86,6 +87,22 @@ class ReplayRequestSerializer(StrictSerializer):
         required=False, default="", allow_blank=True, max_length=MAX_FORCE_REASON_CHARS,
         help_text="Why forcing is acceptable; required with force.",
     )
+    effects = serializers.ChoiceField(
+        choices=EffectsChoice.choices, required=False, default=EffectsChoice.REUSE,
+        help_text="A forced replay's choice: reuse recorded effects (an effect recorded as done is served from "
+                  "its record, e.g. no second email) or redo them (new keys: the email is sent again). redo "
+                  "needs force.",
+    )
+
+
+class SettleRequestSerializer(StrictSerializer):
+    outcome = serializers.ChoiceField(
+        choices=SettledOutcome.choices, help_text="done: the call acted; not_done: it did not."
+    )
+    note = StrictCharField(
+        allow_blank=True, max_length=MAX_NOTE_CHARS, trim_whitespace=False,
+        help_text="How you know (required), e.g. what the outbox shows.",
+    )
 
 
 # --- Output ----------------------------------------------------------------------------------------
@@ -106,7 +123,7 @@ class RunSerializer(serializers.ModelSerializer):
             "run_id", "status", "trigger", "agent_name", "owner_id", "created_by", "config",
             "input_file_name", "input_file_sha256", "input_file_size",
             "attempts", "error_code", "error_message", "tools_executed", "result",
-            "replay_of", "forced", "forced_by", "force_reason", "session_id", "conversation_id",
+            "replay_of", "forced", "forced_by", "force_reason", "effects", "session_id", "conversation_id",
             "created_at", "started_at", "heartbeat_at", "finished_at", "worker",
             "cancel_requested_at", "cancel_requested_by",
         ]
@@ -115,12 +132,19 @@ class RunSerializer(serializers.ModelSerializer):
 
 class ToolCallSerializer(serializers.ModelSerializer):
     in_doubt = serializers.BooleanField(read_only=True, help_text="Called, never answered, and the run is over.")
+    effect = serializers.SerializerMethodField(help_text="read_only, idempotent or effectful, as at call time.")
+    settled_by = serializers.SlugRelatedField(**_username)
 
     class Meta:
         model = ToolCall
-        fields = ["seq", "call_id", "tool_name", "agent_name", "args", "status", "in_doubt", "called_at", "answered_at",
-                  "response_summary"]
+        fields = ["seq", "call_id", "tool_name", "agent_name", "args", "effect", "effect_key", "status", "in_doubt",
+                  "called_at", "answered_at", "response_summary", "settled_outcome", "settled_by", "settled_at",
+                  "settle_note"]
         read_only_fields = fields
+
+    def get_effect(self, call: ToolCall) -> str:
+        # Not known at call time (e.g. a journal written before effect classes existed) is effectful.
+        return call.effect or "effectful"
 
 
 class ReplaySummarySerializer(serializers.ModelSerializer):
@@ -128,6 +152,16 @@ class ReplaySummarySerializer(serializers.ModelSerializer):
         model = AgentRun
         fields = ["run_id", "status", "forced", "created_at", "finished_at"]
         read_only_fields = fields
+
+
+class CallPreviewSerializer(serializers.Serializer):
+    seq = serializers.IntegerField()
+    call_id = serializers.CharField()
+    tool_name = serializers.CharField()
+    effect = serializers.CharField()
+    reuse = serializers.CharField(help_text="With effects reused: served from record, runs again, refused or "
+                                            "needs a person (for the same arguments).")
+    redo = serializers.CharField(help_text="With effects redone (new keys).")
 
 
 class ReplayDecisionSerializer(serializers.Serializer):
@@ -138,7 +172,10 @@ class ReplayDecisionSerializer(serializers.Serializer):
     tools = serializers.ListField(child=serializers.CharField(), required=False)
     replay_run_id = serializers.UUIDField(required=False)
     run_status = serializers.CharField(required=False, help_text="The run's own status, where it is why.")
+    calls = serializers.ListField(child=serializers.CharField(), required=False,
+                                  help_text="The ids of the calls in doubt (calls_in_doubt).")
     force_would_replay = serializers.BooleanField()
+    preview = CallPreviewSerializer(many=True, help_text="What a replay would do with each recorded call.")
 
 
 class RunStepSerializer(serializers.ModelSerializer):

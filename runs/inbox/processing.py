@@ -13,9 +13,10 @@ serialises writers) and, under that row lock, judges the event's last run:
 * a run still running with a live heartbeat → leave it alone and look again when the lease ends;
   a run whose heartbeat went silent is reconciled first, then judged as the failure it is;
 * a success → the event is `done`;
-* a failure → `runs.replay.decide(run, force=False)`: if the run provably called no tool the
-  event waits for its next retry (`retry_wait`, backing off) or, past WEBHOOK_MAX_ATTEMPTS, is
-  `dead`; otherwise it `needs_review`, saying what was called, and waits for a person.
+* a failure → `runs.replay.decide(run, force=False)`: if the run provably called no tool that
+  acts (none, or read-only ones only) the event waits for its next retry (`retry_wait`, backing
+  off) or, past WEBHOOK_MAX_ATTEMPTS, is `dead`; otherwise it `needs_review`, saying what was
+  called, and waits for a person.
 
 A new run is only ever started under the event's row lock after its previous run has settled,
 and a partial unique index on `agent_runs(webhook_event)` for queued/running rows makes "two
@@ -146,7 +147,8 @@ def _advance(event: WebhookEvent, *, was: str, now: datetime) -> uuid.UUID | Non
     update_event(event, status=EventStatus.RETRY_WAIT, next_attempt_at=due, lease_expires_at=None, leased_by="",
          enqueued_at=None, last_error=(
              f"Attempt {event.attempts} (run {_short(previous)}) failed with {_run_failure(previous)} "
-             f"It called no tool, so it is retried in {delay} s."
+             f"It called no tool{' that acts (only read-only ones)' if previous.tools_executed else ''}, "
+             f"so it is retried in {delay} s."
          ))
     return None
 

@@ -5,13 +5,16 @@ needed no migration.
 """
 
 from runs.models.chat import Conversation
+from runs.models.effects import EffectStatus, ToolEffect
 from runs.models.inbox import EventStatus, WebhookEvent, WebhookSource
 from runs.models.ledger import (
     IN_FLIGHT,
     SETTLED,
     AgentRun,
+    EffectsChoice,
     RunStatus,
     RunStep,
+    SettledOutcome,
     StepStatus,
     ToolCall,
     ToolCallStatus,
@@ -24,6 +27,8 @@ __all__ = [
     "SETTLED",
     "AgentRun",
     "Conversation",
+    "EffectStatus",
+    "EffectsChoice",
     "EventStatus",
     "FiringOutcome",
     "RunSchedule",
@@ -31,9 +36,11 @@ __all__ = [
     "RunStep",
     "ScheduleFiring",
     "ScheduleKind",
+    "SettledOutcome",
     "StepStatus",
     "ToolCall",
     "ToolCallStatus",
+    "ToolEffect",
     "Trigger",
     "WebhookEvent",
     "WebhookSource",

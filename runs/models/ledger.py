@@ -27,6 +27,11 @@ class Trigger(models.TextChoices):
     WEBHOOK = "webhook", "webhook"
 
 
+class EffectsChoice(models.TextChoices):
+    REUSE = "reuse", "reuse recorded effects"
+    REDO = "redo", "redo the effects"
+
+
 class AgentRun(models.Model):
     """One run of an agent, written down before anything executes.
 
@@ -95,6 +100,10 @@ class AgentRun(models.Model):
     )
     # The OpenTelemetry trace of the run's execution, when tracing was on (32 hex digits).
     trace_id = models.CharField(max_length=32, blank=True)
+    # A forced replay's choice about recorded effects (docs/architecture.md, "Effects"): reuse
+    # them (the same intent, so a done effect is served from its record) or redo them (a new
+    # intent: new keys, so the effects happen again).
+    effects = models.CharField(max_length=8, choices=EffectsChoice.choices, default=EffectsChoice.REUSE)
 
     class Meta:
         db_table = "agent_runs"
@@ -171,6 +180,15 @@ class ToolCallStatus(models.TextChoices):
     CALLED = "called", "called (no answer yet)"
     ANSWERED = "answered", "answered"
     FAILED = "failed", "failed"
+    # Answered from the effect record of an earlier call with the same key; the tool did not run.
+    DEDUPLICATED = "deduplicated", "deduplicated (served from record)"
+    # Answered with an error: its key was already used with other stable fields; the tool did not run.
+    REFUSED = "refused", "refused (key used with other stable fields)"
+
+
+class SettledOutcome(models.TextChoices):
+    DONE = "done", "done: it acted"
+    NOT_DONE = "not_done", "not done: it did not act"
 
 
 class ToolCall(models.Model):
@@ -187,10 +205,21 @@ class ToolCall(models.Model):
     called_at = models.DateTimeField(default=timezone.now)
     answered_at = models.DateTimeField(null=True, blank=True)
     response_summary = models.TextField(blank=True)
+    # The tool's effect class when it was called ("" = not known: treated as effectful).
+    effect = models.CharField(max_length=16, blank=True)
+    effect_key = models.CharField(max_length=64, blank=True, help_text="The ToolEffect key this call used.")
+    # A person's word on a call in doubt: evidence the replay rules read; the call's status stays.
+    settled_outcome = models.CharField(max_length=8, choices=SettledOutcome.choices, blank=True)
+    settled_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    settled_at = models.DateTimeField(null=True, blank=True)
+    settle_note = models.TextField(blank=True)
 
     class Meta:
         db_table = "tool_calls"
         ordering = ["run", "seq"]
+        permissions = [("settle_toolcall", "Can settle a tool call in doubt")]
         constraints = [
             models.UniqueConstraint(fields=["run", "seq"], name="toolcall_run_seq"),
             models.UniqueConstraint(fields=["run", "call_id"], name="toolcall_run_call"),
@@ -205,7 +234,7 @@ class ToolCall(models.Model):
 
     @property
     def in_doubt(self) -> bool:
-        return self.status == ToolCallStatus.CALLED and not self.run.is_in_flight
+        return self.status == ToolCallStatus.CALLED and not self.run.is_in_flight and not self.settled_outcome
 
 
 class StepStatus(models.TextChoices):

@@ -1,0 +1,429 @@
+"""Effects at call time: idempotency keys from stable intent, effect records, calls settled by a person.
+
+The tools declare their effect class where they are written (`agents.effects`). This module
+reads it from the tool object ADK is about to run, whatever the agent tree, and acts on it:
+
+- `EffectsPlugin.on_event_callback` stamps each function call's effect class into its event
+  before ADK stores it, so the journal row written with the event (`runs.journal`) records the
+  class as it was at call time, even if the worker dies before the tool starts.
+- `EffectsPlugin.before_tool_callback`, for an idempotent tool, builds the call's key from the
+  run's intent, the tool and the declared business key, and writes the `ToolEffect` record
+  (`started`) in its own committed transaction *before* the tool acts. A key already `done` is
+  served its recorded result without running the tool; a key `started` and never finished is in
+  doubt: the tool is not run again and the run fails `effect_in_doubt`; a key used with other
+  stable fields is refused to the model.
+- `after_tool_callback` marks the record `done` with the result. A tool that raised leaves its
+  record `started` (with the error noted): it may have acted before raising (unknown is not
+  none), so only a person may say it did not.
+
+`settle_call` is the person's word on a call in doubt (docs/architecture.md, "Effects").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+from google.adk.plugins.base_plugin import BasePlugin
+
+from agents.effects import IDEMPOTENT, KeyArgumentMissing, effect_of_tool, tool_name
+from runs import reconcile, visibility
+from runs.journal import EFFECTS_METADATA_KEY
+from runs.models import (
+    AgentRun,
+    EffectsChoice,
+    EffectStatus,
+    SettledOutcome,
+    ToolCall,
+    ToolCallStatus,
+    ToolEffect,
+    WebhookEvent,
+)
+from runs.refusals import (
+    CallNotFound,
+    NoteRequired,
+    NoteTooLong,
+    NotInDoubt,
+    RunNotFound,
+    SettleNotPermitted,
+    UnknownOutcome,
+)
+
+logger = logging.getLogger(__name__)
+
+MAX_CHAIN_RUNS = 1000
+MAX_NOTE_CHARS = 2000
+SUMMARY_MAX_CHARS = 500
+
+
+class EffectInDoubt(RuntimeError):
+    """A call's effect was started before and never recorded as finished: it is not done again."""
+
+    def __init__(self, message: str, *, call_id: str, tool_name: str):
+        super().__init__(message)
+        self.call_id = call_id
+        self.tool_name = tool_name
+
+
+def effect_in_doubt_of(exc: BaseException | None) -> EffectInDoubt | None:
+    """The EffectInDoubt behind an exception ADK re-raised (a plugin's error is wrapped in a RuntimeError)."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, EffectInDoubt):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
+# --- Keys from stable intent -------------------------------------------------------------------------
+
+
+def intent_id(run: AgentRun) -> str:
+    """The intent a run carries out: the same for a run and every replay that reuses its effects.
+
+    Up the `replay_of` chain to its root, stopping at a run that chose to redo the effects (it
+    starts an intent of its own). A webhook run's intent is its event (source and provider
+    message id), so the event's attempts share one; any other root's is its own run id.
+    """
+    current = run
+    for _ in range(MAX_CHAIN_RUNS):
+        if current.effects == EffectsChoice.REDO or current.replay_of_id is None:
+            break
+        current = AgentRun.objects.only("run_id", "replay_of_id", "effects", "webhook_event_id").get(
+            pk=current.replay_of_id
+        )
+    if current.effects != EffectsChoice.REDO and current.webhook_event_id is not None:
+        source_id, external_id = WebhookEvent.objects.values_list("source_id", "external_id").get(
+            pk=current.webhook_event_id
+        )
+        return f"webhook:{source_id}:{external_id}"
+    return f"run:{current.run_id}"
+
+
+def effect_key(*, intent: str, tool: str, business_key: Any) -> str:
+    """Never the model's whole arguments, never its call id: those change when the run is done again."""
+    canonical = json.dumps([intent, tool, business_key], sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def json_safe(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+# --- The record, claimed before the tool acts ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What the call may do: `run` (it owns a fresh record), `served`, `refused` or `in_doubt`."""
+
+    kind: str
+    key: str
+    result: Any = None
+    message: str = ""
+
+
+def _describe_key(effect: ToolEffect) -> str:
+    return f"{effect.tool_name} for {json.dumps(effect.business_key, ensure_ascii=False)}"
+
+
+def claim_effect(
+    *, run_id: uuid.UUID, call_id: str, intent: str, tool: str, business_key: Any, stable_fields: dict
+) -> Claim:
+    """Write the record `started`, or say why the call must not run; committed when this returns."""
+    key = effect_key(intent=intent, tool=tool, business_key=business_key)
+    now = timezone.now()
+    with transaction.atomic():
+        effect, created = ToolEffect.objects.get_or_create(
+            key=key,
+            defaults={
+                "intent_id": intent[:320],
+                "tool_name": tool,
+                "business_key": business_key,
+                "stable_fields": stable_fields,
+                "first_run_id": run_id,
+                "first_call_id": call_id,
+                "started_at": now,
+            },
+        )
+        if not created and effect.status == EffectStatus.FAILED:
+            # Known not to have acted (a person said so): this call takes the record over, once,
+            # with its own stable fields (nothing was done under the old ones).
+            taken = ToolEffect.objects.filter(pk=effect.pk, status=EffectStatus.FAILED).update(
+                status=EffectStatus.STARTED, first_run_id=run_id, first_call_id=call_id, started_at=now,
+                finished_at=None, result=None, error="", stable_fields=stable_fields,
+            )
+            created = taken == 1
+            if not created:
+                effect.refresh_from_db()
+        journal = ToolCall.objects.filter(run_id=run_id, call_id=call_id)
+        if created:
+            journal.update(effect_key=key)
+            return Claim("run", key)
+        if effect.stable_fields != stable_fields:
+            message = (
+                f"Not done: {_describe_key(effect)} was already done in this request with "
+                f"{json.dumps(effect.stable_fields, ensure_ascii=False)}, and this call asks for "
+                f"{json.dumps(stable_fields, ensure_ascii=False)}. Doing it again could repeat it; "
+                "a person can replay the run and choose to redo its effects."
+            )
+            journal.update(effect_key=key, status=ToolCallStatus.REFUSED)
+            return Claim("refused", key, message=message)
+        if effect.status == EffectStatus.DONE:
+            journal.update(effect_key=key, status=ToolCallStatus.DEDUPLICATED)
+            result = effect.result if isinstance(effect.result, dict) else {"result": effect.result}
+            return Claim("served", key, result=result)
+        in_flight = AgentRun.objects.filter(pk=effect.first_run_id, status__in=["queued", "running"]).exists()
+        message = (
+            f"{_describe_key(effect)} was started by run {effect.first_run_id} (call {effect.first_call_id}) "
+            + (
+                "and is still being done there"
+                if in_flight
+                else "and never recorded as finished, so it is unknown whether it happened"
+            )
+            + ". It was not done again: a person must settle that call (done or not done) before a replay "
+            "can go on, or replay with the effects redone."
+        )
+        journal.update(
+            effect_key=key, status=ToolCallStatus.FAILED, answered_at=now,
+            response_summary=f"not run: {message}"[:SUMMARY_MAX_CHARS],
+        )
+        return Claim("in_doubt", key, message=message)
+
+
+def finish_effect(*, key: str, run_id: uuid.UUID, call_id: str, result: Any) -> bool:
+    """The tool answered: its record is done, with what it said (served to every repeat)."""
+    return ToolEffect.objects.filter(
+        key=key, status=EffectStatus.STARTED, first_run_id=run_id, first_call_id=call_id
+    ).update(status=EffectStatus.DONE, result=json_safe(result), finished_at=timezone.now()) == 1
+
+
+def note_effect_error(*, key: str, run_id: uuid.UUID, call_id: str, error: str) -> None:
+    """The tool raised: it may have acted first, so the record stays `started` (in doubt), with the error."""
+    ToolEffect.objects.filter(
+        key=key, status=EffectStatus.STARTED, first_run_id=run_id, first_call_id=call_id
+    ).update(error=error[:SUMMARY_MAX_CHARS])
+
+
+def release_effect(*, key: str, run_id: uuid.UUID, call_id: str) -> None:
+    """The tool did not run after all (it waits for a person's confirmation): nothing to record."""
+    ToolEffect.objects.filter(
+        key=key, status=EffectStatus.STARTED, first_run_id=run_id, first_call_id=call_id
+    ).delete()
+
+
+def record_effect_class(*, run_id: uuid.UUID, call_id: str, effect: str) -> None:
+    ToolCall.objects.filter(run_id=run_id, call_id=call_id, effect="").update(effect=effect)
+
+
+# --- The plugin ----------------------------------------------------------------------------------
+
+
+def _tools_of_author(invocation_context: Any, author: str) -> dict[str, Any]:
+    """The tools the agent that authored an event holds, by the name the model calls them."""
+    agent = getattr(invocation_context, "agent", None)
+    root = getattr(agent, "root_agent", None) or agent
+    found = None
+    finder = getattr(root, "find_agent", None)
+    if callable(finder):
+        try:
+            found = finder(author)
+        except Exception:  # noqa: BLE001 - a tree we cannot search only costs the early stamp
+            found = None
+    holder = found or agent
+    tools: dict[str, Any] = {}
+    for tool in getattr(holder, "tools", None) or []:
+        name = tool_name(tool)
+        if name:
+            tools[name] = tool
+    return tools
+
+
+class EffectsPlugin(BasePlugin):
+    """Effect classes into the journal; idempotency keys and effect records around each tool."""
+
+    def __init__(self, run: AgentRun):
+        super().__init__(name="agent_ledger_effects")
+        self.run = run
+        self.trusted_servers = tuple(settings.MCP_TRUSTED_SERVERS)
+        self._intent: str | None = None
+        self._stamped: set[str] = set()
+        self._owned: dict[str, str] = {}  # call id -> key of the record this run started
+
+    def effect_of(self, tool: Any):
+        return effect_of_tool(tool, trusted_servers=self.trusted_servers)
+
+    async def on_event_callback(self, *, invocation_context, event):
+        calls = [] if event.partial else event.get_function_calls()
+        if not calls:
+            return None
+        tools = _tools_of_author(invocation_context, event.author)
+        stamped = {call.id: self.effect_of(tools[call.name]).kind for call in calls if call.id and call.name in tools}
+        if stamped:
+            # Stored with the event, in the same transaction as its journal rows.
+            event.custom_metadata = {**(event.custom_metadata or {}), EFFECTS_METADATA_KEY: stamped}
+            self._stamped.update(stamped)
+        return None
+
+    async def _intent_id(self) -> str:
+        if self._intent is None:
+            self._intent = await sync_to_async(intent_id)(self.run)
+        return self._intent
+
+    async def before_tool_callback(self, *, tool, tool_args, tool_context):
+        call_id = tool_context.function_call_id or ""
+        effect = self.effect_of(tool)
+        if call_id not in self._stamped:
+            # A toolset's tool (e.g. MCP) is only known now: record its class before it runs.
+            await sync_to_async(record_effect_class)(run_id=self.run.run_id, call_id=call_id, effect=effect.kind)
+        if effect.kind != IDEMPOTENT or not effect.keyed:
+            return None
+        try:
+            business_key = effect.business_key(tool_args or {})
+        except KeyArgumentMissing:
+            return None  # the tool itself refuses a call without its arguments
+        claim = await sync_to_async(claim_effect)(
+            run_id=self.run.run_id,
+            call_id=call_id,
+            intent=await self._intent_id(),
+            tool=tool.name,
+            business_key=business_key,
+            stable_fields=json_safe(effect.stable_fields(tool_args or {})),
+        )
+        if claim.kind == "run":
+            self._owned[call_id] = claim.key
+            return None
+        if claim.kind == "served":
+            return claim.result
+        if claim.kind == "refused":
+            return {"error": claim.message}
+        raise EffectInDoubt(f"Call {call_id} to {tool.name} was not run: {claim.message}", call_id=call_id,
+                            tool_name=tool.name)
+
+    async def after_tool_callback(self, *, tool, tool_args, tool_context, result):
+        call_id = tool_context.function_call_id or ""
+        key = self._owned.pop(call_id, None)
+        if key is None:
+            return None
+        if call_id in (tool_context.actions.requested_tool_confirmations or {}):
+            await sync_to_async(release_effect)(key=key, run_id=self.run.run_id, call_id=call_id)
+            return None
+        await sync_to_async(finish_effect)(key=key, run_id=self.run.run_id, call_id=call_id, result=result)
+        return None
+
+    async def on_tool_error_callback(self, *, tool, tool_args, tool_context, error):
+        call_id = tool_context.function_call_id or ""
+        key = self._owned.pop(call_id, None)
+        if key is not None:
+            await sync_to_async(note_effect_error)(
+                key=key, run_id=self.run.run_id, call_id=call_id, error=f"{type(error).__name__}: {error}"
+            )
+        return None
+
+
+# --- Settling a call in doubt ----------------------------------------------------------------------
+
+
+def can_settle(user: Any) -> bool:
+    return user is not None and user.has_perm("runs.settle_toolcall")
+
+
+def check_note(note: Any) -> str:
+    note = note.strip() if isinstance(note, str) else ""
+    if not note:
+        raise NoteRequired()
+    if len(note) > MAX_NOTE_CHARS:
+        raise NoteTooLong(MAX_NOTE_CHARS)
+    return note
+
+
+def owned_record(call: ToolCall) -> ToolEffect | None:
+    """The effect record this call started (not one it was served from or refused by)."""
+    if not call.effect_key:
+        return None
+    return ToolEffect.objects.filter(key=call.effect_key, first_run_id=call.run_id, first_call_id=call.call_id).first()
+
+
+def doubt_of(run: AgentRun, call: ToolCall, record: ToolEffect | None) -> str:
+    """Why the call is in doubt ("" when it is not): it never answered, or its effect never finished."""
+    if run.is_in_flight or call.settled_outcome:
+        return ""
+    if call.status == ToolCallStatus.CALLED:
+        return "it was called and never answered"
+    if record is not None and record.status == EffectStatus.STARTED:
+        return "its effect was started and never recorded as finished"
+    return ""
+
+
+def _not_in_doubt_reason(run: AgentRun, call: ToolCall) -> str:
+    if run.is_in_flight:
+        return f"its run is still {run.status}."
+    if call.settled_outcome:
+        who = call.settled_by.get_username() if call.settled_by else "someone"
+        return f"{who} already settled it as {call.settled_outcome} at {call.settled_at:%Y-%m-%d %H:%M:%S} UTC."
+    return f"it is {call.status}, so what it did is known."
+
+
+def settle_call(*, run_id: Any, call_id: str, actor: Any, outcome: Any, note: Any) -> ToolCall:
+    """A person's word on a call in doubt: recorded with who, when and why; the run's outcome is untouched.
+
+    `done` marks the call's effect record done (a replay reuses it); `not_done` marks it failed
+    (a replay may run it). The replay rules read the settlement from the journal.
+    """
+    if not can_settle(actor):
+        raise SettleNotPermitted()
+    if outcome not in SettledOutcome.values:
+        raise UnknownOutcome(outcome)
+    note = check_note(note)
+    now = timezone.now()
+    with transaction.atomic():
+        try:
+            run = visibility.visible_runs(actor).select_for_update().get(pk=run_id)
+        except (AgentRun.DoesNotExist, ValidationError, ValueError):
+            raise RunNotFound(run_id) from None
+        reconcile.reconcile_run_if_stale(run)
+        call = ToolCall.objects.select_for_update().filter(run=run, call_id=call_id).first()
+        if call is None:
+            raise CallNotFound(run_id, call_id)
+        record = owned_record(call)
+        if not doubt_of(run, call, record):
+            raise NotInDoubt(call_id, _not_in_doubt_reason(run, call))
+        # Conditional on still being unsettled: two people settling at once land once.
+        settled = ToolCall.objects.filter(pk=call.pk, settled_outcome="").update(
+            settled_outcome=outcome, settled_by=actor, settled_at=now, settle_note=note
+        )
+        if not settled:
+            call.refresh_from_db()
+            raise NotInDoubt(call_id, _not_in_doubt_reason(run, call))
+        if record is not None:
+            done = outcome == SettledOutcome.DONE
+            ToolEffect.objects.filter(pk=record.pk, status=EffectStatus.STARTED).update(
+                status=EffectStatus.DONE if done else EffectStatus.FAILED,
+                finished_at=now,
+                # What a repeat is served in place of the answer the tool never gave.
+                result=record.result if record.result is not None or not done else {
+                    "status": "done", "settled_by_person": True, "note": note,
+                },
+                error=f"Settled {outcome} by {actor.get_username()}: {note}"[:SUMMARY_MAX_CHARS],
+            )
+        LogEntry.objects.log_actions(
+            actor.pk,
+            [run],
+            CHANGE,
+            f"Settled call {call_id} ({call.tool_name}) as {outcome}. Note: {note}",
+            single_object=True,
+        )
+    call.refresh_from_db()
+    logger.info("Run %s: call %s settled %s by %s", run.run_id, call_id, outcome, actor)
+    return call
