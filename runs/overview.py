@@ -6,8 +6,10 @@ matching choice of the run list's "desk" filter (`DESK_SETS`), so a count's link
 exactly the rows it counted.
 
 "Awaiting a decision" is `runs.replay.decide` applied to whole sets: a failed or cancelled run
-with no replay in flight and none that succeeded, which the rules refuse without force because
-it called tools (`tools_called`) or nobody knows (`tools_unknown`). The other refusals cannot
+with no replay in flight and none that succeeded, which the rules refuse without force because a
+call is in doubt (`calls_in_doubt`), it called tools that may act again (`tools_called`) or
+nobody knows (`tools_unknown`). A run whose calls were all read-only is not here: it is replayed
+without asking. The other refusals cannot
 apply to such a run, except `input_gone`, which needs a look at the disk per run and is left to
 the run page.
 """
@@ -18,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db.models import Count, Exists, OuterRef, QuerySet
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
@@ -26,17 +28,21 @@ from runs.models import (
     IN_FLIGHT,
     SETTLED,
     AgentRun,
+    EffectStatus,
     EventStatus,
     FiringOutcome,
     RunSchedule,
     RunStatus,
     ScheduleFiring,
+    SettledOutcome,
     ToolCall,
     ToolCallStatus,
+    ToolEffect,
     WebhookEvent,
 )
 from runs.reconcile import RECONCILED
-from runs.refusals import ToolsCalled, ToolsUnknown
+from runs.refusals import CallsInDoubt, ToolsCalled, ToolsUnknown
+from runs.replay import READ_ONLY
 
 CAP = 10_000
 RECENT = timedelta(hours=24)
@@ -70,11 +76,54 @@ def awaiting_decision(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
     return queryset.filter(status__in=FAILED).filter(~Exists(blocking_replays))
 
 
-# Written as the conditions of the partial indexes run_failed_tools_called / _unknown.
-def awaiting_tools_called(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
+def _calls_in_doubt_of_the_run() -> QuerySet[ToolCall]:
+    """The run's calls in doubt as `runs.replay.CallFact.in_doubt` says, for a non-read-only tool.
+
+    Unanswered, or the call that started an effect record that never finished; and no person has
+    settled it.
+    """
+    unfinished_record = ToolEffect.objects.filter(
+        key=OuterRef("effect_key"), first_run=OuterRef("run"), first_call_id=OuterRef("call_id"),
+        status=EffectStatus.STARTED,
+    )
+    return (
+        ToolCall.objects.filter(run=OuterRef("pk"), settled_outcome="")
+        .exclude(effect=READ_ONLY)
+        .filter(Q(status=ToolCallStatus.CALLED) | Exists(unfinished_record))
+    )
+
+
+def _calls_that_may_act_again() -> QuerySet[ToolCall]:
+    """`runs.replay.CallFact.may_act_again`: not read only, not served or refused, not settled not done."""
+    return (
+        ToolCall.objects.filter(run=OuterRef("pk"))
+        .exclude(effect=READ_ONLY)
+        .exclude(status__in=(ToolCallStatus.DEDUPLICATED, ToolCallStatus.REFUSED))
+        .exclude(settled_outcome=SettledOutcome.NOT_DONE)
+    )
+
+
+# The base condition is the one of the partial index run_failed_tools_called.
+def _called_tools(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
     return awaiting_decision(queryset.filter(status__in=FAILED, tools_executed__isnull=False).exclude(tools_executed=[]))
 
 
+def awaiting_calls_in_doubt(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
+    return _called_tools(queryset).filter(Exists(_calls_in_doubt_of_the_run()))
+
+
+def awaiting_tools_called(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
+    """Refused `tools_called`: no call in doubt, and a call that may act again (or a journal that
+    was unreadable, when `tools_executed` came from the session)."""
+    journaled = ToolCall.objects.filter(run=OuterRef("pk"))
+    return (
+        _called_tools(queryset)
+        .filter(~Exists(_calls_in_doubt_of_the_run()))
+        .filter(Q(Exists(_calls_that_may_act_again())) | ~Exists(journaled))
+    )
+
+
+# The condition of the partial index run_failed_tools_unknown.
 def awaiting_tools_unknown(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
     return awaiting_decision(queryset.filter(status__in=FAILED, tools_executed__isnull=True))
 
@@ -108,6 +157,7 @@ def schedules_skipped_recently(queryset: QuerySet[RunSchedule], *, now: datetime
 
 # The run list's desk filter: parameter value → (label, the set).
 DESK_SETS: dict[str, tuple[str, Callable[[QuerySet[AgentRun]], QuerySet[AgentRun]]]] = {
+    CallsInDoubt.code: ("awaiting a decision: calls in doubt", awaiting_calls_in_doubt),
     ToolsCalled.code: ("awaiting a decision: tools called", awaiting_tools_called),
     ToolsUnknown.code: ("awaiting a decision: tools unknown", awaiting_tools_unknown),
     "in_doubt": ("with calls in doubt", with_calls_in_doubt),
@@ -208,6 +258,7 @@ def build_overview(*, now: datetime | None = None, inbox: bool = True, schedules
     hourly = runs_per_hour(now=now)
     return Overview(
         awaiting={
+            CallsInDoubt.code: capped_count(awaiting_calls_in_doubt(runs)),
             ToolsCalled.code: capped_count(awaiting_tools_called(runs)),
             ToolsUnknown.code: capped_count(awaiting_tools_unknown(runs)),
         },

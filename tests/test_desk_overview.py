@@ -91,8 +91,10 @@ def ledger(django_user_model):
     seeded["replayable"].append(long_ago)
 
     # Calls in doubt: `called` in a settled run; a `called` call of a running run is not in doubt.
-    add_call(seeded["tools_called"][0], status=ToolCallStatus.CALLED)
-    add_call(seeded["tools_called"][0], status=ToolCallStatus.CALLED, seq=2)
+    # A run with an unanswered call awaits a decision on that call (calls_in_doubt), not tools_called.
+    seeded["calls_in_doubt"] = [run_in_state("error_tools")]
+    add_call(seeded["calls_in_doubt"][0], status=ToolCallStatus.CALLED)
+    add_call(seeded["calls_in_doubt"][0], status=ToolCallStatus.CALLED, seq=2)
     add_call(seeded["reconciled"], status=ToolCallStatus.CALLED)
     add_call(seeded["running"], status=ToolCallStatus.CALLED)
     add_call(seeded["success"], status=ToolCallStatus.ANSWERED)
@@ -125,6 +127,7 @@ def ids(runs) -> set[str]:
 
 def test_the_counts_match_the_seeded_ledger(ledger):
     data = overview.build_overview()
+    assert data.awaiting["calls_in_doubt"].value == len(ledger["calls_in_doubt"]) == 1
     assert data.awaiting["tools_called"].value == len(ledger["tools_called"]) == 3
     assert data.awaiting["tools_unknown"].value == len(ledger["tools_unknown"]) == 3
     assert data.calls_in_doubt.value == 3
@@ -143,6 +146,7 @@ def test_each_awaiting_set_is_what_replay_decide_refuses_without_force(ledger):
     """The set-based rule agrees with `runs.replay.decide`, run by run, over the whole ledger."""
     for run in AgentRun.objects.all():
         code = replay.decide(run, force=False).code
+        assert (code == "calls_in_doubt") == overview.awaiting_calls_in_doubt(AgentRun.objects.filter(pk=run.pk)).exists()
         assert (code == "tools_called") == overview.awaiting_tools_called(AgentRun.objects.filter(pk=run.pk)).exists()
         assert (code == "tools_unknown") == overview.awaiting_tools_unknown(AgentRun.objects.filter(pk=run.pk)).exists()
 
@@ -163,7 +167,9 @@ def test_the_page_shows_the_counts_and_each_link_lands_on_exactly_its_rows(ledge
 
     assert listed_ids(client, tile_link(html, "awaiting-tools-called")) == ids(ledger["tools_called"])
     assert listed_ids(client, tile_link(html, "awaiting-tools-unknown")) == ids(ledger["tools_unknown"])
-    assert listed_ids(client, tile_link(html, "calls-in-doubt")) == ids([ledger["tools_called"][0], ledger["reconciled"]])
+    assert tile_count(html, "awaiting-calls-in-doubt") == "1"
+    assert listed_ids(client, tile_link(html, "awaiting-calls-in-doubt")) == ids(ledger["calls_in_doubt"])
+    assert listed_ids(client, tile_link(html, "calls-in-doubt")) == ids([ledger["calls_in_doubt"][0], ledger["reconciled"]])
     assert listed_ids(client, tile_link(html, "reconciled-24h")) == ids([ledger["reconciled"]])
     in_flight = {str(pk) for pk in AgentRun.objects.filter(status__in=["queued", "running"]).values_list("pk", flat=True)}
     assert listed_ids(client, tile_link(html, "in-flight")) == in_flight

@@ -146,5 +146,8 @@ def test_a_worker_killed_inside_an_mcp_tool_is_reconciled_and_never_repeats_it(m
     assert (run.status, run.error_code) == (RunStatus.ERROR, "reconciled")
     assert run.tools_executed == ["read_ticket", "close_ticket"]
     assert run.tool_calls.get(tool_name="close_ticket").in_doubt
-    assert replay.decide(run, force=False).code == "tools_called"
+    # The MCP server is not trusted, so close_ticket is effectful: its unanswered call is in doubt.
+    decision = replay.decide(run, force=False)
+    assert decision.code == "calls_in_doubt"
+    assert decision.refusal.context["tools"] == ["close_ticket"]
     assert mcp_env.read_text() == "T-1 solved\n"

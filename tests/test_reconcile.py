@@ -487,8 +487,10 @@ def test_four_reconcilers_at_once_land_each_run_exactly_once(settings):
 
     # A live worker (heartbeat every 0.2 s) busy in a tool for the whole race, and a slow one that
     # beats so rarely it will look dead but then finishes.
-    script_live = json.dumps([dict(LOOKUP, hang=14), SAY_DONE])
-    script_slow = json.dumps([dict(SEND_EMAIL, hang=9), SAY_DONE])
+    # Long enough that the reconcilers start while both are still inside their tools, even on a
+    # loaded machine where starting four Python processes takes several seconds.
+    script_live = json.dumps([dict(LOOKUP, hang=28), SAY_DONE])
+    script_slow = json.dumps([dict(SEND_EMAIL, hang=22), SAY_DONE])
     live = subprocess.Popen(
         [sys.executable, "manage.py", "run_agent", "support", "live", "--owner", "live-worker", "--inline",
          "--script", script_live],

@@ -21,7 +21,7 @@ from django.utils.safestring import SafeString, mark_safe
 from runs import overview
 from runs.models import EventStatus, RunStatus
 from runs.overview import Bucket, CappedCount
-from runs.refusals import ToolsCalled, ToolsUnknown
+from runs.refusals import CallsInDoubt, ToolsCalled, ToolsUnknown
 
 # One colour per outcome, in stacking order (bottom first); queued/running on top.
 STATUS_COLOURS = {
@@ -77,6 +77,10 @@ def desk_overview(request: HttpRequest) -> HttpResponse:
 def tiles(data: overview.Overview, *, inbox: bool, schedules: bool) -> list[Tile]:
     awaiting = data.awaiting
     result = [
+        Tile("awaiting-calls-in-doubt", "Failed runs awaiting a decision: calls in doubt", awaiting[CallsInDoubt.code],
+             runs_url(CallsInDoubt.code),
+             "A call was started and never finished: settle it (done or not done) once you know.",
+             alert=awaiting[CallsInDoubt.code].value > 0),
         Tile("awaiting-tools-called", "Failed runs awaiting a decision: tools called", awaiting[ToolsCalled.code],
              runs_url(ToolsCalled.code), "A replay would call those tools again: replay by force, or leave it.",
              alert=awaiting[ToolsCalled.code].value > 0),
