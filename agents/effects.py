@@ -182,6 +182,10 @@ def effect_of_mcp_tool(tool: Any, *, trusted_servers: Collection[str]) -> Effect
     return Effect(source=source)
 
 
+# ADK's own tools that only read the agent's long-term memory (by class name: no ADK import here).
+READ_ONLY_BUILTINS = frozenset({"PreloadMemoryTool", "LoadMemoryTool", "PreloadMemoryOncePerInvocation"})
+
+
 def effect_of_tool(tool: Any, *, trusted_servers: Collection[str] = ()) -> Effect:
     """The effect class of whatever an agent holds as a tool: a function, a FunctionTool, an McpTool…
 
@@ -195,6 +199,8 @@ def effect_of_tool(tool: Any, *, trusted_servers: Collection[str] = ()) -> Effec
     func = getattr(tool, "func", None)
     if func is not None:
         return effect_of_function(func)
+    if type(tool).__name__ in READ_ONLY_BUILTINS:
+        return Effect(kind=READ_ONLY, source="ADK built-in that only reads memory")
     return Effect()
 
 

@@ -76,21 +76,25 @@ def awaiting_decision(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
     return queryset.filter(status__in=FAILED).filter(~Exists(blocking_replays))
 
 
-def _calls_in_doubt_of_the_run() -> QuerySet[ToolCall]:
-    """The run's calls in doubt as `runs.replay.CallFact.in_doubt` says, for a non-read-only tool.
+def _in_doubt(calls: QuerySet[ToolCall]) -> QuerySet[ToolCall]:
+    """`runs.replay.CallFact.in_doubt` for a non-read-only tool, as a filter.
 
-    Unanswered, or the call that started an effect record that never finished; and no person has
-    settled it.
+    Unanswered, or the call that started an effect record that never finished (a tool that
+    raised may have acted first); and no person has settled it.
     """
     unfinished_record = ToolEffect.objects.filter(
         key=OuterRef("effect_key"), first_run=OuterRef("run"), first_call_id=OuterRef("call_id"),
         status=EffectStatus.STARTED,
     )
     return (
-        ToolCall.objects.filter(run=OuterRef("pk"), settled_outcome="")
+        calls.filter(settled_outcome="")
         .exclude(effect=READ_ONLY)
         .filter(Q(status=ToolCallStatus.CALLED) | Exists(unfinished_record))
     )
+
+
+def _calls_in_doubt_of_the_run() -> QuerySet[ToolCall]:
+    return _in_doubt(ToolCall.objects.filter(run=OuterRef("pk")))
 
 
 def _calls_that_may_act_again() -> QuerySet[ToolCall]:
@@ -129,13 +133,12 @@ def awaiting_tools_unknown(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
 
 
 def in_doubt_calls() -> QuerySet[ToolCall]:
-    """Calls journaled before the tool started that never got an answer, in runs that are over."""
-    return ToolCall.objects.filter(status=ToolCallStatus.CALLED, run__status__in=SETTLED)
+    """Calls in doubt (as the replay rules see them) in runs that are over: each needs a person."""
+    return _in_doubt(ToolCall.objects.filter(run__status__in=SETTLED))
 
 
 def with_calls_in_doubt(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
-    doubtful = ToolCall.objects.filter(run=OuterRef("pk"), status=ToolCallStatus.CALLED)
-    return queryset.filter(status__in=SETTLED).filter(Exists(doubtful))
+    return queryset.filter(status__in=SETTLED).filter(Exists(_calls_in_doubt_of_the_run()))
 
 
 def recently_reconciled(queryset: QuerySet[AgentRun], *, now: datetime | None = None) -> QuerySet[AgentRun]:

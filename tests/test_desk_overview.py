@@ -25,6 +25,7 @@ from runs.models import (
 )
 from runs.reconcile import RECONCILED
 from tests.factories import make_run, run_in_state
+from tests.helpers import UPDATE_CRM, run_now, script_params
 
 pytestmark = pytest.mark.django_db
 
@@ -263,3 +264,17 @@ def test_the_live_fragment_follows_the_run_and_says_when_it_has_settled(support_
     inbox_only = django_user_model.objects.create_user("ina", password="x", is_staff=True)
     inbox_only.user_permissions.add(Permission.objects.get(codename="view_webhookevent"))
     assert login(inbox_only).get(f"{RUNS}{run.pk}/live/").status_code in (403, 404)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_call_whose_tool_raised_after_starting_its_effect_is_in_doubt_on_the_desk_as_in_the_rules():
+    # The tool may have acted before it raised: its effect record stays `started`. The desk counts
+    # that call in doubt, and the run as awaiting a decision on it, exactly as decide() refuses it.
+    run = run_now(params=script_params(dict(UPDATE_CRM, tool_fails="the CRM timed out"),
+                                       {"fail": "error", "message": "gave up"}))
+    call = run.tool_calls.get(tool_name="update_crm")
+    assert call.status == ToolCallStatus.FAILED
+    assert replay.decide(run, force=False).code == "calls_in_doubt"
+    assert list(overview.in_doubt_calls()) == [call]
+    assert list(overview.awaiting_calls_in_doubt(AgentRun.objects.all())) == [run]
+    assert not overview.awaiting_tools_called(AgentRun.objects.all()).exists()
