@@ -37,6 +37,7 @@ from django.utils import timezone
 from google.adk.plugins.base_plugin import BasePlugin
 
 from agents.effects import IDEMPOTENT, KeyArgumentMissing, effect_of_tool, tool_name
+from config.lib.refusals import required_text
 from runs import reconcile, visibility
 from runs.journal import EFFECTS_METADATA_KEY
 from runs.models import (
@@ -340,12 +341,7 @@ def can_settle(user: Any) -> bool:
 
 
 def check_note(note: Any) -> str:
-    note = note.strip() if isinstance(note, str) else ""
-    if not note:
-        raise NoteRequired()
-    if len(note) > MAX_NOTE_CHARS:
-        raise NoteTooLong(MAX_NOTE_CHARS)
-    return note
+    return required_text(note, limit=MAX_NOTE_CHARS, missing=NoteRequired, too_long=NoteTooLong)
 
 
 def owned_record(call: ToolCall) -> ToolEffect | None:

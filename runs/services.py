@@ -27,6 +27,7 @@ from agents.scripted import ScriptError
 from agents.services import resolve_runnable
 from agents.workflows import WorkflowGraphError, validate_workflow_params
 from config.lib import files, safe_json
+from config.lib.refusals import required_text
 from runs import lifecycle, quotas, reconcile, visibility
 from runs import replay as rules
 from runs.counters import REPLAY_REFUSALS
@@ -277,12 +278,7 @@ def can_force_replay(user: Any) -> bool:
 
 def check_force_reason(reason: Any) -> str:
     """The one rule for a force's reason, for every door: given, and not too long. Returns it cleaned."""
-    reason = reason.strip() if isinstance(reason, str) else ""
-    if not reason:
-        raise ReasonRequired()
-    if len(reason) > MAX_FORCE_REASON_CHARS:
-        raise ReasonTooLong(MAX_FORCE_REASON_CHARS)
-    return reason
+    return required_text(reason, limit=MAX_FORCE_REASON_CHARS, missing=ReasonRequired, too_long=ReasonTooLong)
 
 
 def check_force(*, actor: Any, reason: Any) -> str:

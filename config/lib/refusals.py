@@ -9,6 +9,7 @@ the admin reports `admin_detail` once per object. Policy reads the class, never 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -28,3 +29,15 @@ class Refusal(Exception):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.code!r}, {self.detail!r})"
+
+
+def required_text(
+    value: Any, *, limit: int, missing: Callable[[], Refusal], too_long: Callable[[int], Refusal]
+) -> str:
+    """A person's words a rule requires (a force's reason, a settlement's note): given, not too long."""
+    text = value.strip() if isinstance(value, str) else ""
+    if not text:
+        raise missing()
+    if len(text) > limit:
+        raise too_long(limit)
+    return text
