@@ -180,6 +180,26 @@ def test_one_heartbeat_refreshes_every_run_of_the_process_and_reads_their_cancel
     assert beats[runs[4].pk] == past  # settled: no longer beaten
 
 
+def test_a_run_whose_task_died_before_the_claim_starts_again_at_the_next_sweep_and_runs_once():
+    [run] = _start(1, script_params(SEND_EMAIL, SAY_DONE), enqueue=True)
+    # A worker took the task from the broker (its lease runs until `retry`) and died.
+    OrmQ.objects.update(lock=timezone.now() + timedelta(seconds=settings.Q_CLUSTER["retry"]))
+    AgentRun.objects.filter(pk=run.pk).update(
+        created_at=timezone.now() - timedelta(seconds=settings.RUN_REQUEUE_AFTER_SECONDS + 1)
+    )
+    assert settings.RUN_REQUEUE_AFTER_SECONDS <= 60
+
+    assert reconcile.sweep().requeued == [run.run_id]
+
+    # Both tasks come: the fresh one now, the dead worker's after its lease. One runs the run.
+    tasks = [task.task for task in OrmQ.objects.order_by("id")]
+    assert [task["args"] for task in tasks] == [(str(run.run_id),)] * 2
+    assert [execute_run(*task["args"]) for task in reversed(tasks)] == [RunStatus.SUCCESS, "not claimed"]
+    run.refresh_from_db()
+    assert (run.status, run.attempts, run.tools_executed) == (RunStatus.SUCCESS, 1, ["send_email"])
+    assert OutboxEmail.objects.filter(run_id=run.run_id).count() == 1
+
+
 def test_latency_is_validated_like_any_step():
     from agents.scripted import ScriptError, validate_script
 
