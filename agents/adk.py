@@ -14,6 +14,7 @@ ASGI server's loop gets its own service for streamed chat turns.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import threading
 import weakref
@@ -147,13 +148,18 @@ def _background_loop() -> asyncio.AbstractEventLoop:
         return _loop_state["loop"]
 
 
+def submit_coroutine(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    """Start `coro` on this process's agent loop without waiting: many runs share the loop."""
+    return asyncio.run_coroutine_threadsafe(coro, _background_loop())
+
+
 def run_coroutine(coro: Coroutine[Any, Any, T]) -> T:
     """Run `coro` on this process's agent loop and wait for its result.
 
     Reusing one loop keeps ADK's connection pool warm across runs instead of paying for a new
     engine and new connections on every run.
     """
-    return asyncio.run_coroutine_threadsafe(coro, _background_loop()).result()
+    return submit_coroutine(coro).result()
 
 
 def _orm_thread_call(func: Any) -> None:

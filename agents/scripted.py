@@ -9,6 +9,9 @@ Steps (see the README for the whole format):
   {"empty": true}                              an empty turn
   {"call": "transfer_to_agent", "args": {"agent_name": "billing"}}   hand over to another agent
 
+Any step may carry "latency": seconds, the provider's time: the model sleeps that long (without
+blocking the loop) before it answers; for benchmarks of many runs in flight.
+
 A call step may carry a fault for its tool: "tool_fails": "message", "crash": "before_effect" |
 "after_effect", "hang": seconds. Faults are handed to the tool through `agents.faults`, keyed
 by the function call id, so the failure happens for real inside the tool.
@@ -16,6 +19,7 @@ by the function call id, so the failure happens for real inside the tool.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import Any
@@ -31,7 +35,9 @@ from agents import faults
 
 SCRIPT_EXHAUSTED_TEXT = "I have nothing more to add."
 FAULT_KEYS = {"tool_fails", "crash", "hang"}
-CALL_KEYS = {"call", "args", "id"} | FAULT_KEYS
+LATENCY = "latency"
+MAX_LATENCY_SECONDS = 600
+CALL_KEYS = {"call", "args", "id", LATENCY} | FAULT_KEYS
 CRASH_POINTS = {"before_effect", "after_effect"}
 # ADK's tool for handing the conversation to another agent; a call step to it is a transfer.
 TRANSFER_TOOL = "transfer_to_agent"
@@ -58,6 +64,24 @@ def rate_limit_error(retry_delay_seconds: float | None = None) -> genai_errors.C
             {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": f"{retry_delay_seconds}s"}
         ]
     return genai_errors.ClientError(429, {"error": error})
+
+
+def _validate_latency(step: dict, where: str) -> None:
+    if LATENCY not in step:
+        return
+    latency = step[LATENCY]
+    if isinstance(latency, bool) or not isinstance(latency, int | float) or not 0 <= latency <= MAX_LATENCY_SECONDS:
+        raise ScriptError(f"{where}: \"latency\" must be a number of seconds from 0 to {MAX_LATENCY_SECONDS}.")
+
+
+def _without_latency(step: dict) -> dict:
+    return {key: value for key, value in step.items() if key != LATENCY}
+
+
+def step_latency(step: Any) -> float:
+    """How long the model takes to answer `step` (a parallel turn: its slowest call)."""
+    calls = step if isinstance(step, list) else [step]
+    return max((float(call.get(LATENCY, 0)) for call in calls if isinstance(call, dict)), default=0.0)
 
 
 def _validate_call(
@@ -88,6 +112,7 @@ def _validate_call(
                 f"{where}: transfer_to_agent needs args.agent_name, one of {', '.join(sorted(transfer_targets)) or 'none'} "
                 f"(got {target!r})."
             )
+    _validate_latency(step, where)
     if "id" in step and (not isinstance(step["id"], str) or not step["id"]):
         raise ScriptError(f"{where}: \"id\" must be a non-empty string.")
     present_faults = FAULT_KEYS & set(step)
@@ -130,6 +155,9 @@ def validate_script(
             continue
         if not isinstance(step, dict):
             raise ScriptError(f"{where}: a step must be an object or a list of call objects.")
+        if "call" not in step:
+            _validate_latency(step, where)
+            step = _without_latency(step)
         if "call" in step:
             _validate_call(step, where, tool_names, faults_enabled, transfer_targets)
         elif "say" in step:
@@ -202,6 +230,9 @@ class ScriptedLlm(BaseLlm):
         for observer in list(request_observers):
             observer(llm_request)
         step = self._next_step()
+        latency = step_latency(step)
+        if latency:
+            await asyncio.sleep(latency)
         if isinstance(step, list):
             parts = [self._call_part(call) for call in step]
         elif "call" in step:

@@ -169,8 +169,11 @@ DATABASES = {"default": _database}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # ADK's DatabaseSessionService keeps its own SQLAlchemy pool on the same database.
-ADK_DB_POOL_SIZE = env_int("ADK_DB_POOL_SIZE", 3, minimum=1)
-ADK_DB_MAX_OVERFLOW = env_int("ADK_DB_MAX_OVERFLOW", 2, minimum=0)
+# ADK's pool per worker process grows with the runs it keeps in flight: a run holds a connection
+# only while it appends an event, so one per ten runs (at least 3), and as many again in bursts.
+_RUN_CONCURRENCY_FOR_POOL = env_int("RUN_CONCURRENCY", 100, minimum=1)
+ADK_DB_POOL_SIZE = env_int("ADK_DB_POOL_SIZE", max(3, _RUN_CONCURRENCY_FOR_POOL // 10), minimum=1)
+ADK_DB_MAX_OVERFLOW = env_int("ADK_DB_MAX_OVERFLOW", max(2, _RUN_CONCURRENCY_FOR_POOL // 10), minimum=0)
 ADK_DB_POOL_RECYCLE_SECONDS = env_int("ADK_DB_POOL_RECYCLE_SECONDS", 300, minimum=1)
 
 CACHES = {
@@ -271,8 +274,18 @@ MAX_MESSAGE_CHARS = env_int("MAX_MESSAGE_CHARS", 100_000, minimum=1)
 RUN_HEARTBEAT_SECONDS = env_float("RUN_HEARTBEAT_SECONDS", 10.0, minimum=0.05)
 RUN_STALE_AFTER_SECONDS = env_int("RUN_STALE_AFTER_SECONDS", 60, minimum=1)
 RUN_MAX_SILENCE_HOURS = env_int("RUN_MAX_SILENCE_HOURS", 6, minimum=1)
-RUN_REQUEUE_AFTER_SECONDS = env_int("RUN_REQUEUE_AFTER_SECONDS", 300, minimum=1)
+# A run still queued this long with no task waiting for it in the broker is enqueued again
+# (runs.reconcile.requeue_lost_runs); the claim makes a duplicate harmless.
+RUN_REQUEUE_AFTER_SECONDS = env_int("RUN_REQUEUE_AFTER_SECONDS", 60, minimum=1)
 RUN_TIMEOUT_SECONDS = env_int("RUN_TIMEOUT_SECONDS", 1800, minimum=1)
+# Runs one worker process keeps in flight on its agent loop (runs.worker). Its django-q2 worker
+# takes another run only when one of these slots is free.
+RUN_CONCURRENCY = env_int("RUN_CONCURRENCY", 100, minimum=1)
+# How long a task waits for a free slot before handing its run back to the broker (so a full
+# worker never holds a run that another worker could start, and reads its stop pill soon).
+RUN_SLOT_WAIT_SECONDS = env_float("RUN_SLOT_WAIT_SECONDS", 10.0, minimum=0.1)
+# On SIGTERM a worker lets its runs finish this long, then aborts the rest (`worker_shutdown`).
+RUN_DRAIN_SECONDS = env_float("RUN_DRAIN_SECONDS", 30.0, minimum=0)
 EVENTS_RETENTION_DAYS = env_int("EVENTS_RETENTION_DAYS", 90, minimum=1)
 PURGE_BATCH_SIZE = env_int("PURGE_BATCH_SIZE", 5000, minimum=1)
 if PURGE_BATCH_SIZE > 100_000:  # runs.retention.MAX_BATCH_SIZE
@@ -381,6 +394,13 @@ Q_CLUSTER = {
     "retry": _task_timeout + 120,
     "max_attempts": 3,
     "ack_failures": False,
+    # A worker process keeps up to RUN_CONCURRENCY runs in flight after their tasks returned;
+    # recycling it (or a max_rss) would drain them, so it is off unless asked for
+    # (docs/architecture.md, "Many runs per worker process").
+    "recycle": env_int("Q_RECYCLE", 0, minimum=0),
+    # Tasks the pusher holds in the cluster's own queue: one per worker, so a full cluster leaves
+    # the rest of the backlog in the broker for other clusters.
+    "queue_limit": Q_WORKERS,
     "catch_up": False,
     "save_limit": 1000,
     "poll": env_float("Q_POLL_SECONDS", 0.5, minimum=0.05),

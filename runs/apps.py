@@ -10,7 +10,15 @@ class RunsConfig(AppConfig):
 
     def ready(self) -> None:
         # Registers the journal's hook on ADK's event rows in every process that stores events.
-        from runs import journal  # noqa: F401
+        # Each worker process of a django-q2 cluster keeps many runs in flight (runs.worker).
+        from django_q.signals import post_spawn
+
+        from runs import (
+            journal,  # noqa: F401
+            worker,
+        )
+
+        post_spawn.connect(worker.on_worker_spawned, dispatch_uid="runs.worker.on_worker_spawned")
 
         # Before the first request is handled: Django's request spans need their middleware.
         configure_from_settings(settings)

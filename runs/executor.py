@@ -1,13 +1,14 @@
 """Executing one claimed run: the ADK runner, the heartbeat, and the outcome.
 
-The agent runs on the process's long-lived agent loop (`agents.adk.run_coroutine`). The
-heartbeat runs in a plain thread, so a tool that blocks the loop cannot make a live run look
-dead, and it carries cancellation and the run's time limit back into the loop as ADK's abort
-signal, which seals pending calls instead of leaving them dangling.
+The agent runs on the process's long-lived agent loop (`agents.adk`). The process's one
+heartbeat (`runs.heartbeat`, a plain thread) keeps every run it holds alive and carries
+cancellation and each run's time limit back into the loop as ADK's abort signal, which seals
+pending calls instead of leaving them dangling.
 
-Two doors share one implementation: `execute()` for the django-q2 worker (the agent runs on the
-process's agent loop) and `aexecute()` for a chat turn streamed by the ASGI server (the agent
-runs on the server's own loop). Both claim, beat, run and settle in the same way.
+Three doors share one implementation: `drive()` for a run the worker's pool (`runs.worker`)
+claimed and keeps in flight beside others, `execute()` for a caller that waits for its run
+(`run_agent --inline`, tasks outside a cluster), and `aexecute()` for a chat turn streamed by the
+ASGI server on its own loop. All claim, beat, run and settle in the same way.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import mimetypes
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections, connection, transaction
+from django.db import transaction
 from google.adk.agents.run_config import RunConfig
 from google.adk.apps import App
 from google.adk.errors.already_exists_error import AlreadyExistsError
@@ -43,6 +43,7 @@ from memory.services import remember_events
 from runs import lifecycle, telemetry
 from runs.counters import MODEL_RETRIES
 from runs.effects import EffectsPlugin, effect_in_doubt_of
+from runs.heartbeat import process_heartbeat
 from runs.journal import JournalPlugin
 from runs.models import AgentRun, RunStatus
 from runs.steps import RunStepRecorder, output_text
@@ -62,25 +63,27 @@ class Outcome:
 
 
 class RunControl:
-    """The heartbeat thread of one run, and its way to abort the run's ADK invocation."""
+    """One run in flight in this process, and its way to abort the run's ADK invocation.
+
+    The process's one heartbeat (`runs.heartbeat`) keeps it alive and aborts it on a cancel
+    request or past its time limit; the worker's drain aborts it on shutdown.
+    """
 
     def __init__(self, run_id: uuid.UUID):
         self.run_id = run_id
         self.run: AgentRun | None = None  # the claimed row, as it was when claimed
         self.abort_reason: str | None = None
         self.cancelled_by_request = False
-        self._stop = threading.Event()
+        self.started_monotonic = time.monotonic()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._abort_event: asyncio.Event | None = None
-        self._started = time.monotonic()
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{run_id}", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        self.started_monotonic = time.monotonic()
+        process_heartbeat().add(self)
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
+        process_heartbeat().remove(self)
 
     def attach(self, loop: asyncio.AbstractEventLoop, abort_event: asyncio.Event) -> None:
         self._loop, self._abort_event = loop, abort_event
@@ -93,32 +96,6 @@ class RunControl:
         self.abort_reason = reason
         if self._loop is not None and self._abort_event is not None:
             self._loop.call_soon_threadsafe(self._abort_event.set)
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.wait(settings.RUN_HEARTBEAT_SECONDS):
-                self._beat_once()
-        finally:
-            connection.close()
-
-    def _beat_once(self) -> None:
-        try:
-            lifecycle.beat(run_id=self.run_id)
-            cancel_requested = (
-                AgentRun.objects.filter(pk=self.run_id)
-                .values_list("cancel_requested_at", flat=True)
-                .first()
-            )
-        except Exception:
-            # A database hiccup must not kill the run; the next beat tries again.
-            logger.exception("Run %s: heartbeat failed", self.run_id)
-            close_old_connections()
-            return
-        if cancel_requested is not None:
-            self.cancelled_by_request = True
-            self.abort("cancel_requested")
-        elif time.monotonic() - self._started > settings.RUN_TIMEOUT_SECONDS:
-            self.abort("timeout")
 
 
 def user_content(run: AgentRun) -> types.Content:
@@ -207,6 +184,15 @@ def empty_turn_message(retries: RetryLog) -> str:
 
 
 CLIENT_DISCONNECTED = "client_disconnected"
+WORKER_SHUTDOWN = "worker_shutdown"
+
+
+def worker_shutdown_message() -> str:
+    return (
+        f"The worker was stopped before the run finished: it had RUN_DRAIN_SECONDS="
+        f"{settings.RUN_DRAIN_SECONDS:g} s to finish, then it was aborted. Check what it called "
+        "before running it again."
+    )
 
 
 def retry_log_for(run: AgentRun) -> RetryLog:
@@ -288,6 +274,8 @@ async def run_agent(
         return Outcome(
             RunStatus.CANCELLED, CLIENT_DISCONNECTED, "The chat client disconnected, so the run was cancelled."
         )
+    if control.abort_reason == WORKER_SHUTDOWN:
+        return Outcome(RunStatus.ERROR, WORKER_SHUTDOWN, worker_shutdown_message())
     if control.abort_reason == "timeout":
         return Outcome(
             RunStatus.ERROR,
@@ -378,6 +366,19 @@ def execute(run_id: uuid.UUID) -> str:
     return outcome.status
 
 
+async def drive(
+    run_id: uuid.UUID, control: RunControl, *, on_event: Callable[[Event], None] | None = None
+) -> Outcome:
+    """Run a claimed run on the running loop and settle it, whatever happens (the `finally`)."""
+    outcome = INTERNAL_OUTCOME
+    try:
+        await sync_to_async(drop_unusable_connection)()
+        outcome = await run_claimed(run_id, control, on_event=on_event)
+    finally:
+        await sync_to_async(finish)(run_id, control, outcome)
+    return outcome
+
+
 async def aexecute(
     run_id: uuid.UUID, control: RunControl, *, on_event: Callable[[Event], None] | None = None
 ) -> Outcome | None:
@@ -387,11 +388,4 @@ async def aexecute(
     """
     if not await sync_to_async(begin)(run_id, control):
         return None
-    outcome = INTERNAL_OUTCOME
-    try:
-        await sync_to_async(drop_unusable_connection)()
-        outcome = await run_claimed(run_id, control, on_event=on_event)
-    finally:
-        await sync_to_async(finish)(run_id, control, outcome)
-    return outcome
-
+    return await drive(run_id, control, on_event=on_event)

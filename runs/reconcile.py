@@ -12,8 +12,9 @@ any number of reconcilers (the periodic job on several clusters, reads of a run 
 processes) land exactly once, a heartbeat that arrives in the meantime wins, and a worker
 that finishes afterwards keeps its outcome in `late_outcome` (`lifecycle.settle_run`).
 
-Runs lost before they started (still `queued` long after they were written) are enqueued
-again: safe, because the claim is atomic and a duplicate task finds nothing to claim.
+Runs lost before they started (still `queued` a minute after they were written, with no task
+waiting for them in the broker) are enqueued again: safe, because the claim is atomic and a
+duplicate task finds nothing to claim.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from django.db import DatabaseError, transaction
 from django.db.models import Q, QuerySet
 from django.db.models.functions import Coalesce
 from django.utils import timezone
+from django_q.brokers import get_broker
+from django_q.conf import Conf
+from django_q.models import OrmQ
 
 from runs import journal, lifecycle
 from runs.counters import RECONCILIATIONS
@@ -252,12 +256,32 @@ def reconcile_run_if_stale(run: AgentRun) -> bool:
     return run.status == RunStatus.ERROR and run.error_code == RECONCILED
 
 
-def requeue_lost_runs(*, now: datetime | None = None) -> list[uuid.UUID]:
-    """Enqueue again the runs still `queued` RUN_REQUEUE_AFTER_SECONDS after they were written.
+def runs_waiting_in_broker(*, run_ids: Iterable[uuid.UUID], now: datetime) -> set[uuid.UUID]:
+    """Those of `run_ids` that have a task the broker still offers to workers.
 
-    `requeued_at` is claimed with a conditional UPDATE first, so concurrent sweeps enqueue a
-    run once, and a run waiting behind a long backlog is enqueued at most once per period
-    instead of once a minute (duplicates are harmless but would lengthen the backlog).
+    With the ORM broker a task is an `OrmQ` row; one whose lease (`lock`) is not in the future
+    is waiting for a worker with room. A leased row belongs to a worker that took it and may
+    have died with it: that run may be lost, and django-q2 would only offer it again after
+    `retry`. Payloads are signed, not queryable, so the queue is decoded here; the sweep only
+    does it when some run has been queued past the requeue age. Other brokers cannot be seen
+    into here: every old queued run counts as lost (a duplicate task is harmless).
+    """
+    wanted = {f"run {run_id}": run_id for run_id in run_ids}
+    if not wanted or not Conf.ORM:
+        return set()
+    rows = OrmQ.objects.filter(key=get_broker().list_key, lock__lte=now).only("payload").iterator(chunk_size=500)
+    return {wanted[name] for row in rows if (name := row.name()) in wanted}
+
+
+def requeue_lost_runs(*, now: datetime | None = None) -> list[uuid.UUID]:
+    """Enqueue again the runs still `queued` RUN_REQUEUE_AFTER_SECONDS after they were written
+    that no task in the broker is waiting to start.
+
+    A run waiting behind a backlog while every worker is full keeps its task and is left alone;
+    a run whose task died with its worker (taken from the broker, never claimed) is enqueued
+    again within a sweep. `requeued_at` is claimed with a conditional UPDATE first, so
+    concurrent sweeps enqueue a run once, and a run is enqueued at most once per period
+    (duplicates are harmless, since the claim is atomic, but would lengthen the backlog).
     """
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.RUN_REQUEUE_AFTER_SECONDS)
@@ -267,8 +291,11 @@ def requeue_lost_runs(*, now: datetime | None = None) -> list[uuid.UUID]:
         .filter(Q(requeued_at__isnull=True) | Q(requeued_at__lt=cutoff))
         .values_list("run_id", "requeued_at")
     )
+    waiting = runs_waiting_in_broker(run_ids=[run_id for run_id, _ in candidates], now=now)
     requeued: list[uuid.UUID] = []
     for run_id, previous in candidates:
+        if run_id in waiting:
+            continue
         with transaction.atomic():
             claimed = AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED, requeued_at=previous).update(
                 requeued_at=now
@@ -277,8 +304,8 @@ def requeue_lost_runs(*, now: datetime | None = None) -> list[uuid.UUID]:
                 transaction.on_commit(lambda run_id=run_id: lifecycle.enqueue_run(run_id))
                 requeued.append(run_id)
     if requeued:
-        logger.warning("Enqueued %d run(s) again that were still queued after %s s", len(requeued),
-                       settings.RUN_REQUEUE_AFTER_SECONDS)
+        logger.warning("Enqueued %d run(s) again that were still queued after %s s with no task waiting",
+                       len(requeued), settings.RUN_REQUEUE_AFTER_SECONDS)
     return requeued
 
 

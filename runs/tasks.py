@@ -2,12 +2,21 @@
 
 import uuid
 
-from runs import executor, reconcile, retention, stored_data
+from django.conf import settings
+
+from runs import executor, reconcile, retention, stored_data, worker
 from runs.inbox import processing
 from runs.schedules import services as scheduling
 
 
 def execute_run(run_id: str) -> str:
+    """In a cluster's worker: claim the run into the process's pool and return (runs.worker).
+
+    Anywhere else (a synchronous queue, a shell): claim, run and settle it before returning.
+    """
+    pool = worker.process_pool()
+    if pool is not None:
+        return pool.submit(run_id=uuid.UUID(str(run_id)), wait_seconds=settings.RUN_SLOT_WAIT_SECONDS)
     return executor.execute(uuid.UUID(str(run_id)))
 
 

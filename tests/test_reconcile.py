@@ -288,9 +288,13 @@ def test_runs_stuck_in_queued_are_enqueued_again_once_per_period(settings):
     # The next minute's sweep does not enqueue it again while the first task may still come.
     assert reconcile.sweep().requeued == []
     assert len(enqueued()) == 1
-    # After another full period it is tried again (and by then the fresh run is lost too).
+    # After another full period: the lost run's task is waiting in the broker (no worker had
+    # room, say), so it is left alone; the fresh run, never enqueued, is lost by then.
     later = timezone.now() + timedelta(seconds=301)
-    assert set(reconcile.requeue_lost_runs(now=later)) == {lost.run_id, fresh.run_id}
+    assert reconcile.requeue_lost_runs(now=later) == [fresh.run_id]
+    # A task taken by a worker that died (leased, never acknowledged) offers nothing.
+    OrmQ.objects.update(lock=later + timedelta(hours=1))
+    assert set(reconcile.requeue_lost_runs(now=later + timedelta(seconds=301))) == {lost.run_id, fresh.run_id}
 
     # The task finds a queued run and runs it: nothing executed twice.
     from runs.tasks import execute_run

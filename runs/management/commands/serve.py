@@ -58,9 +58,12 @@ class Command(BaseCommand):
             )
         )
         stopping = False
+        forced = False
 
         def request_stop(signum, frame):
-            nonlocal stopping
+            nonlocal stopping, forced
+            # A second Ctrl-C (or SIGTERM) while stopping stops at once.
+            forced = stopping
             stopping = True
 
         signal.signal(signal.SIGINT, request_stop)
@@ -74,15 +77,46 @@ class Command(BaseCommand):
                     break
             time.sleep(0.5)
         # Only the leaders get SIGTERM: each one stops its own children in order (django-q2's
-        # workers finish their task first); signalling the whole group makes qcluster hang.
+        # workers finish their task, then drain their runs for RUN_DRAIN_SECONDS and abort the
+        # rest); signalling the whole group at once makes qcluster hang.
         for process in processes.values():
             if process.poll() is None:
                 process.terminate()
-        deadline = time.monotonic() + 30
-        for process in processes.values():
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+        grace = settings.RUN_DRAIN_SECONDS + STOP_MARGIN_SECONDS
+        self.stdout.write(f"Stopping (at most {grace:g} s; Ctrl-C again to stop at once)…")
+        deadline = time.monotonic() + grace
+        # Wait for every process of each group, not only its leader: after workers were killed
+        # under load, qcluster's children can outlive it, waiting for a monitor that never ends.
+        while not forced and time.monotonic() < deadline and any(_group_alive(p) for p in processes.values()):
+            time.sleep(0.2)
+        for name, process in processes.items():
+            if _group_alive(process):
+                self.stderr.write(self.style.WARNING(f"The {name} processes did not stop in time: killing them."))
+                _kill_group(process)
         if failed:
             raise CommandError(failed)
+
+
+# Beyond the drain: the time django-q2 needs to stop its pusher and monitor, and a run aborted at
+# the end of the drain needs to write its outcome.
+STOP_MARGIN_SECONDS = 30
+
+
+def _group_alive(process: subprocess.Popen) -> bool:
+    """Whether any process of `process`'s group (its session, started by serve) still runs."""
+    process.poll()  # reap the leader if it has exited, so it does not count as alive
+    try:
+        os.killpg(process.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    process.wait(timeout=10)

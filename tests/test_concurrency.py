@@ -1,0 +1,314 @@
+"""Many runs in flight per worker process: the pool, its heartbeat, backpressure and drain.
+
+The pool's own rules run in this process on both databases (the pool and the process's agent
+loop are the real ones). What needs several processes — a worker SIGKILLed with 50 runs in
+flight, SIGTERM with runs in flight, two clusters sharing a backlog — runs real
+`manage.py qcluster` processes on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+from django_q.models import OrmQ
+
+from agents.models import CrmNote, OutboxEmail
+from runs import executor, lifecycle, reconcile, services, worker
+from runs.models import AgentRun, RunStatus, ToolCallStatus
+from runs.tasks import execute_run
+from tests.helpers import BASE_DIR, LOOKUP, SAY_DONE, SEND_EMAIL, UPDATE_CRM, child_env, postgres_only, script_params
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HANGING = script_params(LOOKUP, SEND_EMAIL, dict(UPDATE_CRM, hang=120), SAY_DONE)
+ALL_THREE = ["lookup_customer", "send_email", "update_crm"]
+
+
+def _start(count: int, params: dict, *, enqueue: bool = False) -> list[AgentRun]:
+    return [
+        services.start_run(agent_name="support", message=f"run {i}", owner_id="alice", params=params, enqueue=enqueue)
+        for i in range(count)
+    ]
+
+
+def _wait_for(condition, *, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _in_hanging_tool(runs: list[AgentRun]) -> int:
+    return (
+        AgentRun.objects.filter(pk__in=[r.pk for r in runs], tool_calls__tool_name="update_crm").distinct().count()
+    )
+
+
+def _statuses(runs: list[AgentRun]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for status in AgentRun.objects.filter(pk__in=[r.pk for r in runs]).values_list("status", flat=True):
+        counts[status] = counts.get(status, 0) + 1
+    return counts
+
+
+# --- The pool in this process (both databases) ---------------------------------------------------
+
+
+def test_a_pool_keeps_many_runs_in_flight_at_once_and_settles_each_once():
+    pool = worker.RunPool(capacity=10)
+    # Each model call takes 0.5 s of "provider time": one at a time this would take 10 × 1.5 s.
+    slow = script_params(dict(LOOKUP, latency=0.5), dict(SEND_EMAIL, latency=0.5), {"say": "Done.", "latency": 0.5})
+    runs = _start(10, slow)
+    started = time.monotonic()
+    assert [pool.submit(run_id=r.run_id, wait_seconds=5) for r in runs] == [worker.STARTED] * 10
+    _wait_for(lambda: pool.in_flight == 0, seconds=60, what="the runs to settle")
+    took = time.monotonic() - started
+
+    assert _statuses(runs) == {RunStatus.SUCCESS: 10}
+    assert took < 10, f"10 runs of 1.5 s took {took:.1f} s: they did not run side by side"
+    for run in AgentRun.objects.filter(pk__in=[r.pk for r in runs]):
+        assert run.attempts == 1
+        assert run.tools_executed == ["lookup_customer", "send_email"]
+        assert OutboxEmail.objects.filter(run_id=run.run_id).count() == 1
+    # A redelivered task finds nothing to claim, in the pool or outside it.
+    assert pool.submit(run_id=runs[0].run_id, wait_seconds=1) == worker.NOT_CLAIMED
+    assert execute_run(str(runs[0].run_id)) == "not claimed"
+    assert OutboxEmail.objects.count() == 10
+
+
+def test_a_full_pool_takes_no_more_and_hands_the_run_back_to_the_broker(admin_user):
+    pool = worker.RunPool(capacity=2)
+    busy = _start(2, HANGING)
+    for run in busy:
+        assert pool.submit(run_id=run.run_id, wait_seconds=5) == worker.STARTED
+    [waiting] = _start(1, HANGING)
+    OrmQ.objects.all().delete()
+
+    asked = time.monotonic()
+    assert pool.submit(run_id=waiting.run_id, wait_seconds=0.5) == worker.HANDED_BACK
+    assert time.monotonic() - asked >= 0.5, "the task did not wait for a slot"
+    waiting.refresh_from_db()
+    assert (waiting.status, waiting.attempts) == (RunStatus.QUEUED, 0)
+    # A fresh task for it is in the broker, for any worker with room.
+    assert [task.task["args"] for task in OrmQ.objects.all()] == [(str(waiting.run_id),)]
+
+    # A slot that frees is taken by the next task.
+    services.cancel_run(busy[0].run_id, actor=admin_user)
+    assert pool.submit(run_id=waiting.run_id, wait_seconds=30) == worker.STARTED
+    _wait_for(lambda: _in_hanging_tool([waiting]) == 1, seconds=30, what="the third run to start")
+    assert pool.drain(seconds=0)
+    assert _statuses(busy + [waiting]) == {RunStatus.CANCELLED: 1, RunStatus.ERROR: 2}
+
+
+def test_cancelling_one_run_among_many_leaves_the_others_running(admin_user):
+    pool = worker.RunPool(capacity=20)
+    runs = _start(8, HANGING)
+    for run in runs:
+        assert pool.submit(run_id=run.run_id, wait_seconds=5) == worker.STARTED
+    _wait_for(lambda: _in_hanging_tool(runs) == 8, seconds=60, what="every run to reach its hanging tool")
+
+    asked = time.monotonic()
+    services.cancel_run(runs[3].run_id, actor=admin_user)
+    _wait_for(
+        lambda: AgentRun.objects.get(pk=runs[3].pk).status == RunStatus.CANCELLED, seconds=30, what="the cancel"
+    )
+    took = time.monotonic() - asked
+    assert took < settings.RUN_HEARTBEAT_SECONDS * 25, f"cancellation took {took:.1f} s"
+    cancelled = AgentRun.objects.get(pk=runs[3].pk)
+    assert cancelled.tools_executed == ALL_THREE
+    assert _statuses(runs) == {RunStatus.CANCELLED: 1, RunStatus.RUNNING: 7}
+    assert pool.in_flight == 7
+    # The others are alive: their heartbeat keeps moving.
+    before = {r.pk: r.heartbeat_at for r in AgentRun.objects.filter(status=RunStatus.RUNNING)}
+    time.sleep(settings.RUN_HEARTBEAT_SECONDS * 3)
+    after = {r.pk: r.heartbeat_at for r in AgentRun.objects.filter(status=RunStatus.RUNNING)}
+    assert all(after[pk] > before[pk] for pk in before)
+    pool.drain(seconds=0)
+
+
+def test_a_drain_lets_finishing_runs_finish_and_aborts_the_rest_with_their_tools_listed(settings):
+    settings.RUN_DRAIN_SECONDS = 2
+    pool = worker.RunPool(capacity=10)
+    finishing = _start(3, script_params(dict(LOOKUP, latency=0.5), {"say": "Done.", "latency": 0.5}))
+    stuck = _start(3, HANGING)
+    for run in stuck + finishing:
+        assert pool.submit(run_id=run.run_id, wait_seconds=5) == worker.STARTED
+    _wait_for(lambda: _in_hanging_tool(stuck) == 3, seconds=60, what="the stuck runs to reach their tool")
+
+    asked = time.monotonic()
+    aborted = pool.drain(seconds=settings.RUN_DRAIN_SECONDS)
+    took = time.monotonic() - asked
+
+    assert sorted(aborted) == sorted(r.run_id for r in stuck)
+    assert settings.RUN_DRAIN_SECONDS <= took < settings.RUN_DRAIN_SECONDS + 20
+    assert _statuses(finishing) == {RunStatus.SUCCESS: 3}
+    for run in AgentRun.objects.filter(pk__in=[r.pk for r in stuck]):
+        assert (run.status, run.error_code) == (RunStatus.ERROR, executor.WORKER_SHUTDOWN)
+        assert "RUN_DRAIN_SECONDS=2 s" in run.error_message
+        assert run.tools_executed == ALL_THREE
+        assert run.tool_calls.get(tool_name="update_crm").status == ToolCallStatus.FAILED
+    assert CrmNote.objects.count() == 0  # stopped before the hanging tool's effect
+    # A draining pool claims nothing more; the run stays queued for another worker.
+    [late] = _start(1, HANGING)
+    assert pool.submit(run_id=late.run_id, wait_seconds=5) == worker.HANDED_BACK
+    assert AgentRun.objects.get(pk=late.pk).status == RunStatus.QUEUED
+
+
+def test_one_heartbeat_refreshes_every_run_of_the_process_and_reads_their_cancels(admin_user):
+    runs = _start(5, HANGING)
+    for run in runs:
+        assert lifecycle.claim_run(run_id=run.run_id, worker="w1")
+    services.cancel_run(runs[1].run_id, actor=admin_user)
+    lifecycle.settle_run(run_id=runs[4].run_id, status=RunStatus.SUCCESS)
+    past = timezone.now() - timedelta(seconds=5)
+    AgentRun.objects.update(heartbeat_at=past)
+
+    cancel_requested = lifecycle.beat_many(run_ids=[r.run_id for r in runs])
+
+    assert cancel_requested == {runs[1].run_id}
+    beats = dict(AgentRun.objects.values_list("pk", "heartbeat_at"))
+    assert all(beats[r.pk] > past for r in runs[:4])
+    assert beats[runs[4].pk] == past  # settled: no longer beaten
+
+
+def test_a_run_whose_task_died_before_the_claim_starts_again_at_the_next_sweep_and_runs_once():
+    [run] = _start(1, script_params(SEND_EMAIL, SAY_DONE), enqueue=True)
+    # A worker took the task from the broker (its lease runs until `retry`) and died.
+    OrmQ.objects.update(lock=timezone.now() + timedelta(seconds=settings.Q_CLUSTER["retry"]))
+    AgentRun.objects.filter(pk=run.pk).update(
+        created_at=timezone.now() - timedelta(seconds=settings.RUN_REQUEUE_AFTER_SECONDS + 1)
+    )
+    assert settings.RUN_REQUEUE_AFTER_SECONDS <= 60
+
+    assert reconcile.sweep().requeued == [run.run_id]
+
+    # Both tasks come: the fresh one now, the dead worker's after its lease. One runs the run.
+    tasks = [task.task for task in OrmQ.objects.order_by("id")]
+    assert [task["args"] for task in tasks] == [(str(run.run_id),)] * 2
+    assert [execute_run(*task["args"]) for task in reversed(tasks)] == [RunStatus.SUCCESS, "not claimed"]
+    run.refresh_from_db()
+    assert (run.status, run.attempts, run.tools_executed) == (RunStatus.SUCCESS, 1, ["send_email"])
+    assert OutboxEmail.objects.filter(run_id=run.run_id).count() == 1
+
+
+def test_latency_is_validated_like_any_step():
+    from agents.scripted import ScriptError, validate_script
+
+    assert validate_script([{"say": "hi", "latency": 1.5}])
+    for bad in (-1, True, "1", 601):
+        with pytest.raises(ScriptError, match="latency"):
+            validate_script([{"say": "hi", "latency": bad}])
+
+
+# --- Real clusters (PostgreSQL) ------------------------------------------------------------------
+
+
+def _start_cluster(**env: str) -> subprocess.Popen:
+    environment = child_env(Q_WORKERS="1", Q_POLL_SECONDS="0.1", **env)
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "qcluster"],
+        cwd=BASE_DIR,
+        env=environment,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
+def _kill_cluster(cluster: subprocess.Popen) -> None:
+    try:
+        os.killpg(cluster.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    cluster.wait(timeout=30)
+
+
+@pytest.fixture
+def clusters():
+    started: list[subprocess.Popen] = []
+
+    def start(**env: str) -> subprocess.Popen:
+        cluster = _start_cluster(**env)
+        started.append(cluster)
+        return cluster
+
+    yield start
+    for cluster in started:
+        _kill_cluster(cluster)
+    connection.close()
+
+
+@postgres_only
+def test_a_worker_killed_with_50_runs_in_flight_settles_every_run_once_in_one_sweep(clusters):
+    cluster = clusters()
+    runs = _start(50, HANGING, enqueue=True)
+    _wait_for(lambda: _in_hanging_tool(runs) == 50, seconds=120, what="50 runs in flight in one worker")
+    assert len(set(AgentRun.objects.filter(pk__in=[r.pk for r in runs]).values_list("worker", flat=True))) == 1
+
+    _kill_cluster(cluster)
+    assert _statuses(runs) == {RunStatus.RUNNING: 50}
+
+    # Their one heartbeat stopped for all of them at once: one sweep, past the stale window.
+    report = reconcile.sweep(now=timezone.now() + timedelta(seconds=settings.RUN_STALE_AFTER_SECONDS + 1))
+    assert sorted(r.run_id for r in report.reconciled) == sorted(r.run_id for r in runs)
+
+    for run in AgentRun.objects.filter(pk__in=[r.pk for r in runs]):
+        assert (run.status, run.error_code, run.attempts) == (RunStatus.ERROR, "reconciled", 1)
+        assert run.tools_executed == ALL_THREE
+        assert OutboxEmail.objects.filter(run_id=run.run_id).count() == 1
+        # The task django-q2 delivers again finds nothing to claim.
+        assert execute_run(str(run.run_id)) == "not claimed"
+    assert OutboxEmail.objects.count() == 50
+    assert CrmNote.objects.count() == 0
+
+
+@postgres_only
+def test_sigterm_drains_the_worker_then_aborts_what_is_left(clusters):
+    cluster = clusters(RUN_DRAIN_SECONDS="5")
+    stuck = _start(5, HANGING, enqueue=True)
+    _wait_for(lambda: _in_hanging_tool(stuck) == 5, seconds=60, what="the stuck runs to reach their tool")
+    finishing = _start(5, script_params(dict(LOOKUP, latency=1), {"say": "Done.", "latency": 0.5}), enqueue=True)
+    _wait_for(
+        lambda: _statuses(finishing).get(RunStatus.RUNNING) == 5, seconds=30, what="the finishing runs to start"
+    )
+
+    asked = time.monotonic()
+    cluster.send_signal(signal.SIGTERM)  # the leader only, as `serve` and a process manager do
+    cluster.wait(timeout=90)
+    took = time.monotonic() - asked
+
+    assert took >= 5, "the worker did not wait for its runs"
+    outcomes = list(AgentRun.objects.filter(pk__in=[r.pk for r in finishing]).values_list("status", "error_message"))
+    assert _statuses(finishing) == {RunStatus.SUCCESS: 5}, outcomes
+    for run in AgentRun.objects.filter(pk__in=[r.pk for r in stuck]):
+        assert (run.status, run.error_code) == (RunStatus.ERROR, executor.WORKER_SHUTDOWN), run.error_message
+        assert run.tools_executed == ALL_THREE
+    # Nothing was left for reconciliation.
+    assert not reconcile.sweep(now=timezone.now() + timedelta(hours=1)).reconciled
+
+
+@postgres_only
+def test_a_full_worker_leaves_the_backlog_to_another_worker(clusters):
+    full = {"RUN_CONCURRENCY": "2", "RUN_SLOT_WAIT_SECONDS": "1"}
+    clusters(**full)
+    first = _start(2, HANGING, enqueue=True)
+    _wait_for(lambda: _in_hanging_tool(first) == 2, seconds=60, what="the first worker to fill")
+    [first_worker] = set(AgentRun.objects.filter(pk__in=[r.pk for r in first]).values_list("worker", flat=True))
+
+    more = _start(2, HANGING, enqueue=True)
+    time.sleep(3)
+    assert _statuses(more) == {RunStatus.QUEUED: 2}, "a full worker took more runs"
+    clusters(**full)
+    _wait_for(lambda: _in_hanging_tool(more) == 2, seconds=60, what="the second worker to take the backlog")
+    workers = set(AgentRun.objects.filter(pk__in=[r.pk for r in more]).values_list("worker", flat=True))
+    assert len(workers) == 1 and first_worker not in workers
+    assert AgentRun.objects.filter(attempts__gt=1).count() == 0
