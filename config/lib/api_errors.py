@@ -19,7 +19,6 @@ from django.urls import Resolver404, resolve
 from django.views.defaults import server_error
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, serializers, status
-from rest_framework.authentication import TokenAuthentication
 from rest_framework.decorators import api_view, authentication_classes, permission_classes
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
@@ -105,14 +104,6 @@ def api_server_error(request, *args, **kwargs):
         return JsonResponse(server_error_body(), status=500)
 
     return server_error(request, *args, **kwargs)
-
-
-def refusal_response(refusal: Refusal) -> JsonResponse:
-    """A refusal as a plain Django response, for the doors that are not DRF views (the chat stream)."""
-    response = JsonResponse(refusal.as_dict(), status=refusal.status)
-    if refusal.status == 401:
-        response["WWW-Authenticate"] = TokenAuthentication.keyword
-    return response
 
 
 class ErrorSerializer(serializers.Serializer):
