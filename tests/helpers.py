@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 from django.conf import settings as django_settings
 from django.db import connection
@@ -124,3 +126,17 @@ def forget_agent_packages(directory: Path, names) -> None:
     resolved = str(Path(directory).resolve())
     while resolved in sys.path:
         sys.path.remove(resolved)
+
+
+def wait_until_serving(url: str, process, log_path, *, timeout: float = 60) -> None:
+    """Wait until a server started by a test answers, or fail with the end of its log."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            httpx.get(f"{url}/admin/login/", timeout=2)
+            return
+        except httpx.TransportError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                pytest.fail(f"the server did not start:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.2)

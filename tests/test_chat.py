@@ -22,7 +22,7 @@ from runs import executor, services
 from runs.chat import turns as chat
 from runs.management.commands.serve import web_command
 from runs.models import AgentRun, Conversation, RunStatus, ToolCallStatus, Trigger
-from tests.helpers import BASE_DIR, LOOKUP, SAY_DONE, SEND_EMAIL, child_env, script_params
+from tests.helpers import BASE_DIR, LOOKUP, SAY_DONE, SEND_EMAIL, child_env, script_params, wait_until_serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -54,16 +54,7 @@ def server(django_db_setup, tmp_path_factory):
             web_command(host="127.0.0.1", port=port), cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT
         )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            httpx.get(f"{url}/admin/login/", timeout=2)
-            break
-        except httpx.TransportError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                pytest.fail(f"the server did not start:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.2)
+    wait_until_serving(url, process, log_path)
     yield url
     process.terminate()
     try:

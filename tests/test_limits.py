@@ -27,7 +27,7 @@ from runs import lifecycle, services
 from runs.management.commands.serve import web_command
 from runs.models import AgentRun, RunStatus, Trigger
 from tests.factories import make_run
-from tests.helpers import BASE_DIR, SAY_DONE, SEND_EMAIL, child_env, run_python, script_params
+from tests.helpers import BASE_DIR, SAY_DONE, SEND_EMAIL, child_env, run_python, script_params, wait_until_serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -64,16 +64,7 @@ def server(django_db_setup, tmp_path_factory, spool_dir):
         process = subprocess.Popen(
             web_command(host="127.0.0.1", port=port), cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT
         )
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/admin/login/", timeout=2)
-            break
-        except httpx.TransportError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                pytest.fail(f"the server did not start:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.2)
+    wait_until_serving(f"http://127.0.0.1:{port}", process, log_path)
     yield Server(port, process.pid)
     process.terminate()
     try:
