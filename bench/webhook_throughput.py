@@ -137,7 +137,7 @@ def settled_count() -> int:
 def inbox_run(events: int, port: int) -> dict:
     import httpx
 
-    from runs.inbox.signing import sign
+    from runs.inbox.signing import sign_timestamped
     from runs.models import AgentRun, WebhookEvent
 
     bodies = [json.dumps({"from": "jane@example.com", "text": f"Question {n}", "n": n}).encode() for n in range(events)]
@@ -156,7 +156,9 @@ def inbox_run(events: int, port: int) -> dict:
             client = local.client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
         response = client.post(
             "/api/webhooks/bench/", content=bodies[n],
-            headers={"Content-Type": "application/json", "X-Signature": sign(SECRET, bodies[n]),
+            # Signed when sent, as a provider signs each attempt (a signature's time must be recent).
+            headers={"Content-Type": "application/json",
+                     "X-Signature": sign_timestamped(SECRET, bodies[n], message_id=message_ids[n]),
                      "X-Message-Id": message_ids[n]},
         )
         with lock:

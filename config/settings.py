@@ -353,6 +353,9 @@ CHAT_KEEPALIVE_SECONDS = env_float("CHAT_KEEPALIVE_SECONDS", 15.0, minimum=0.1)
 # Largest JSON body `POST /api/webhooks/<source>/` accepts (attachments included, base64).
 WEBHOOK_MAX_BYTES = env_int("WEBHOOK_MAX_BYTES", 10 * 1024 * 1024, minimum=1024)
 WEBHOOK_ATTACHMENTS_DIR = Path(env_str("WEBHOOK_ATTACHMENTS_DIR", str(VAR_DIR / "webhook-attachments")))
+# How far a timestamped signature's time may be from this server's clock, into the past (a captured
+# delivery sent again later) or the future (the sender's clock ahead), in seconds.
+WEBHOOK_SIGNATURE_TOLERANCE_SECONDS = env_int("WEBHOOK_SIGNATURE_TOLERANCE_SECONDS", 300, minimum=1)
 # Runs started for one event before it is `dead` (only attempts that provably called no tool
 # are retried automatically).
 WEBHOOK_MAX_ATTEMPTS = env_int("WEBHOOK_MAX_ATTEMPTS", 8, minimum=1)

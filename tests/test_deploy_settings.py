@@ -198,7 +198,8 @@ def test_webhook_attachment_copies_are_not_world_readable(settings, tmp_path, mo
                                           expects_attachments=True)
     body = json.dumps({"attachments": [{"filename": "a.txt", "content_base64": base64.b64encode(b"x").decode()}]})
     receipt = inbox_receipt.receive_event(source=source, body=body.encode(),
-                                     headers={"X-Signature": signing.sign("s" * 20, body.encode()),
+                                     headers={"X-Signature": signing.sign_timestamped("s" * 20, body.encode(),
+                                                                                      message_id="m1"),
                                               "X-Message-Id": "m1"})
     stored = Path(receipt.event.attachments[0]["path"])
     assert _mode(stored) == 0o640
@@ -244,7 +245,8 @@ def _event(source, message_id: str, *, status: str, days_ago: int, run_status: s
                        "attachments": [{"filename": "a.txt", "content_base64": base64.b64encode(b"x").decode()}]})
     event = inbox_receipt.receive_event(
         source=source, body=body.encode(),
-        headers={"X-Signature": signing.sign("s" * 20, body.encode()), "X-Message-Id": message_id},
+        headers={"X-Signature": signing.sign_timestamped("s" * 20, body.encode(), message_id=message_id),
+                 "X-Message-Id": message_id},
     ).event
     finished = timezone.now() - timedelta(days=days_ago)
     WebhookEvent.objects.filter(pk=event.pk).update(status=status, finished_at=finished)

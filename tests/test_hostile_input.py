@@ -83,7 +83,8 @@ def post_chat(token: str, raw: bytes):
 def deliver(raw: bytes, *, message_id: str = "msg-1"):
     return Client().generic(
         "POST", WEBHOOK_URL, raw, content_type="application/json",
-        headers={"X-Signature": signing.sign(SECRET, raw), "X-Message-Id": message_id},
+        headers={"X-Signature": signing.sign_timestamped(SECRET, raw, message_id=message_id),
+                 "X-Message-Id": message_id},
     )
 
 

@@ -211,7 +211,8 @@ def source_form(**overrides) -> dict:
     data = {
         "slug": "forms", "name": "Contact form", "enabled": "on", "agent_name": "support", "owner_id": "web",
         "instructions": "Someone filled in the contact form.", "params": "{}",
-        "new_secret": "a-long-shared-secret-0001", "message_id_header": "", "message_id_field": "submission.id",
+        "new_secret": "a-long-shared-secret-0001", "signature_scheme": "timestamped", "message_id_header": "",
+        "message_id_field": "submission.id",
     }
     data.update(overrides)
     return data

@@ -74,12 +74,13 @@ def attachment(name="invoice.txt", data=b"Invoice 42: 19.99 EUR", content_type="
 
 
 def deliver(payload=None, *, message_id="msg-1", secret=SECRET, body: bytes | None = None, url=URL,
-            client: Client | None = None, signature: str | None = None, **headers):
+            client: Client | None = None, signature: str | None = None, signed_id: str | None = None, **headers):
+    """POST a delivery signed the timestamped way; `signed_id` is the id to sign when it is a body field."""
     if body is None:
         body = json.dumps(payload if payload is not None else {"from": "jane@example.com", "text": "Refund?"}).encode()
     sent = {"X-Message-Id": message_id, **headers}
     if signature is None:
-        signature = signing.sign(secret, body)
+        signature = signing.sign_timestamped(secret, body, message_id=message_id if signed_id is None else signed_id)
     if signature:
         sent["X-Signature"] = signature
     return (client or Client()).post(url, data=body, content_type="application/json", headers=sent)
@@ -117,9 +118,10 @@ def test_a_signed_event_is_stored_with_its_attachment_copied_before_the_answer(s
 
 def test_the_message_id_can_come_from_a_json_field(enqueued):
     make_source(slug="forms", message_id_header="", message_id_field="submission.id", expects_attachments=False)
-    first = deliver({"submission": {"id": 981, "name": "Jane"}}, url="/api/webhooks/forms/", message_id="ignored")
-    again = deliver({"submission": {"id": 981, "name": "Jane, again"}}, url="/api/webhooks/forms/", message_id="x")
-    other = deliver({"submission": {"id": "982"}}, url="/api/webhooks/forms/")
+    url = "/api/webhooks/forms/"
+    first = deliver({"submission": {"id": 981, "name": "Jane"}}, url=url, message_id="ignored", signed_id="981")
+    again = deliver({"submission": {"id": 981, "name": "Jane, again"}}, url=url, message_id="x", signed_id="981")
+    other = deliver({"submission": {"id": "982"}}, url=url, signed_id="982")
     assert (first.status_code, again.status_code, other.status_code) == (202, 200, 202)
     assert again.json()["event_id"] == first.json()["event_id"]
     assert sorted(WebhookEvent.objects.values_list("external_id", flat=True)) == ["981", "982"]
@@ -148,7 +150,7 @@ def _nothing_stored(settings) -> None:
     [
         ("bad signature", 401, "bad_signature", "does not match"),
         ("missing signature", 401, "signature_missing", "X-Signature"),
-        ("signature without prefix", 401, "bad_signature", "sha256="),
+        ("signature without timestamp", 401, "bad_signature", "no timestamp"),
         ("signature of other bytes", 401, "bad_signature", "does not match"),
         ("unknown source", 404, "unknown_source", "no webhook source “nobody”"),
         ("disabled source", 404, "unknown_source", "no webhook source"),
@@ -172,10 +174,12 @@ def test_bad_deliveries_are_refused_with_a_message_and_nothing_is_stored(
         response = deliver(body=ok, secret="not-the-secret-at-all-0000")
     elif case == "missing signature":
         response = deliver(body=ok, signature="")
-    elif case == "signature without prefix":
-        response = deliver(body=ok, signature=signing.sign(SECRET, ok).removeprefix("sha256="))
+    elif case == "signature without timestamp":
+        signature = signing.sign_timestamped(SECRET, ok, message_id="msg-1")
+        response = deliver(body=ok, signature=signature.split(",", 1)[1])
     elif case == "signature of other bytes":
-        response = deliver(body=ok, signature=signing.sign(SECRET, json.dumps({"text": "hi"}, indent=1).encode()))
+        other = json.dumps({"text": "hi"}, indent=1).encode()
+        response = deliver(body=ok, signature=signing.sign_timestamped(SECRET, other, message_id="msg-1"))
     elif case == "unknown source":
         response = deliver(body=ok, url="/api/webhooks/nobody/")
     elif case == "disabled source":
@@ -225,7 +229,7 @@ def test_a_declared_length_over_the_limit_is_refused_before_reading(source, enqu
     body = json.dumps({"text": "x" * 100}).encode()
     response = Client().generic(
         "POST", URL, data=body, content_type="application/json",
-        headers={"X-Signature": signing.sign(SECRET, body), "X-Message-Id": "m"},
+        headers={"X-Signature": signing.sign_timestamped(SECRET, body, message_id="m"), "X-Message-Id": "m"},
         CONTENT_LENGTH=str(settings.WEBHOOK_MAX_BYTES + 1),
     )
     assert response.status_code == 413
@@ -242,7 +246,7 @@ def test_a_failure_while_storing_leaves_nothing_behind(source, enqueued, setting
         receipt.receive_event(
             source=source,
             body=(body := json.dumps({"attachments": [attachment()]}).encode()),
-            headers={"X-Signature": signing.sign(SECRET, body), "X-Message-Id": "m-1"},
+            headers={"X-Signature": signing.sign_timestamped(SECRET, body, message_id="m-1"), "X-Message-Id": "m-1"},
         )
     _nothing_stored(settings)
 

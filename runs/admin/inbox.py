@@ -47,7 +47,7 @@ class WebhookSourceForm(forms.ModelForm):
         strip=False,
         widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
         help_text=(
-            f"The HMAC-SHA256 key the provider signs each body with (at least {sources.MIN_SECRET_CHARS} "
+            f"The HMAC-SHA256 key the provider signs each delivery with (at least {sources.MIN_SECRET_CHARS} "
             "characters). It is never shown again; leave blank to keep the current one."
         ),
     )
@@ -55,8 +55,8 @@ class WebhookSourceForm(forms.ModelForm):
     class Meta:
         model = WebhookSource
         # Everything but the stored secret, which is only ever written through new_secret.
-        fields = ["slug", "name", "agent_name", "owner_id", "message_id_header", "message_id_field",
-                  "expects_attachments", "instructions", "params", "enabled", "created_at"]
+        fields = ["slug", "name", "agent_name", "owner_id", "signature_scheme", "message_id_header",
+                  "message_id_field", "expects_attachments", "instructions", "params", "enabled", "created_at"]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -84,16 +84,16 @@ class WebhookSourceForm(forms.ModelForm):
 @admin.register(WebhookSource)
 class WebhookSourceAdmin(admin.ModelAdmin):
     form = WebhookSourceForm
-    list_display = ["slug", "name", "agent_name", "owner_id", "message_id_location", "expects_attachments",
-                    "enabled", "secret_state", "endpoint"]
-    list_filter = ["enabled", "agent_name"]
+    list_display = ["slug", "name", "agent_name", "owner_id", "signature_scheme", "message_id_location",
+                    "expects_attachments", "enabled", "secret_state", "endpoint"]
+    list_filter = ["enabled", "signature_scheme", "agent_name"]
     search_fields = ["slug", "name"]
     readonly_fields = ["endpoint", "secret_state", "created_at"]
     fieldsets = [
         (None, {"fields": ["slug", "name", "enabled", "endpoint"]}),
         ("What runs", {"fields": ["agent_name", "owner_id", "instructions", "params"]}),
-        ("Delivery", {"fields": ["new_secret", "secret_state", "message_id_header", "message_id_field",
-                                 "expects_attachments"]}),
+        ("Delivery", {"fields": ["new_secret", "secret_state", "signature_scheme", "message_id_header",
+                                 "message_id_field", "expects_attachments"]}),
         ("Record", {"fields": ["created_at"]}),
     ]
 

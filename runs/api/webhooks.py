@@ -1,7 +1,7 @@
 """`POST /api/webhooks/{source}/`: the durable inbox's only door for providers.
 
-No user authentication: the HMAC-SHA256 signature of the raw body with the source's shared secret
-is the authentication. The body is read with a bound, never through `request.body` (whose limit
+No user authentication: the HMAC-SHA256 signature with the source's shared secret is the
+authentication (runs.inbox.signing: a time, the message id and the body, or the body alone). The body is read with a bound, never through `request.body` (whose limit
 is DATA_UPLOAD_MAX_MEMORY_SIZE, not WEBHOOK_MAX_BYTES), and only after the declared length was
 checked, so an oversized delivery is refused without reading it where the server allows.
 """
@@ -42,8 +42,11 @@ class WebhookReceiveView(APIView):
         operation_id="webhooks_receive",
         summary="Deliver an event to the durable inbox",
         description=(
-            "Sign the raw body with the source's shared secret: `X-Signature: sha256=<hex HMAC-SHA256>`. "
-            "The event (and its attachments, as `attachments: [{filename, content_type, content_base64}]` "
+            "Sign each delivery with the source's shared secret (HMAC-SHA256, hex). Timestamped scheme (the "
+            "default): `X-Signature: t=<unix seconds>,v1=<hex>` over `<t>.<message id>.` followed by the raw "
+            "body, within WEBHOOK_SIGNATURE_TOLERANCE_SECONDS of the server's clock (several `v1=` allowed "
+            "while rotating secrets). Body scheme (sources whose message id is a body field): "
+            "`X-Signature: sha256=<hex>` over the raw body. The event (and its attachments, as `attachments: [{filename, content_type, content_base64}]` "
             "for sources that take them) is stored before the answer. The provider's message id (a header "
             "or a JSON field, per source) makes delivery idempotent: the same id again answers 200 with "
             "the first event."
@@ -51,7 +54,7 @@ class WebhookReceiveView(APIView):
         parameters=[
             OpenApiParameter(
                 "X-Signature", str, OpenApiParameter.HEADER, required=True,
-                description="sha256=<hex HMAC-SHA256 of the raw body with the source's secret>",
+                description="t=<unix seconds>,v1=<hex> (timestamped scheme) or sha256=<hex> (body scheme)",
             ),
         ],
         request={"application/json": OpenApiTypes.OBJECT},
@@ -59,7 +62,7 @@ class WebhookReceiveView(APIView):
             202: OpenApiResponse(WebhookReceiptSerializer, description="Stored; it will be processed."),
             200: OpenApiResponse(WebhookReceiptSerializer, description="Already received: the first event."),
             400: OpenApiResponse(ErrorSerializer, description="Not a JSON object, no message id, bad attachments."),
-            401: OpenApiResponse(ErrorSerializer, description="Missing or bad signature."),
+            401: OpenApiResponse(ErrorSerializer, description="Missing, bad or expired signature."),
             404: OpenApiResponse(ErrorSerializer, description="No such (enabled) source."),
             413: OpenApiResponse(ErrorSerializer, description="Larger than WEBHOOK_MAX_BYTES (or an attachment too large)."),
         },

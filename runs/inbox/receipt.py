@@ -1,6 +1,7 @@
 """Receipt: a delivery is verified, its attachments copied and its event row written before the provider hears 202.
 
 The same provider message id again answers with the first event (the unique constraint decides races).
+A new id needs a new signature: both schemes sign the id (runs.inbox.signing).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from django_q.tasks import async_task
 
 from config.lib import files, safe_json
 from runs import services
+from runs.inbox import signing
 from runs.inbox.refusals import BadAttachments, BodyTooLarge, MalformedEvent, MessageIdMissing, UnknownSource
-from runs.inbox.signing import SIGNATURE_HEADER, verify_signature
-from runs.models import WebhookEvent, WebhookSource
+from runs.models import SignatureScheme, WebhookEvent, WebhookSource
 
 logger = logging.getLogger(__name__)
 
@@ -57,21 +58,24 @@ class Attachment:
     data: bytes
 
 
-def _message_id(source: WebhookSource, payload: dict, headers: Mapping[str, str]) -> str:
-    if source.message_id_header:
-        value: Any = headers.get(source.message_id_header)
-        where = f"header {source.message_id_header}"
-    else:
-        value = payload
-        for part in source.message_id_field.split("."):
-            if isinstance(value, dict) and part in value:
-                value = value[part]
-            elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
-                value = value[int(part)]
-            else:
-                value = None
-                break
-        where = f"JSON field {source.message_id_field}"
+def _header_message_id(source: WebhookSource, headers: Mapping[str, str]) -> str:
+    return _checked_message_id(headers.get(source.message_id_header), f"header {source.message_id_header}")
+
+
+def _field_message_id(source: WebhookSource, payload: dict) -> str:
+    value: Any = payload
+    for part in source.message_id_field.split("."):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            value = None
+            break
+    return _checked_message_id(value, f"JSON field {source.message_id_field}")
+
+
+def _checked_message_id(value: Any, where: str) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
     if not isinstance(value, str) or not value.strip():
@@ -85,6 +89,36 @@ def _message_id(source: WebhookSource, payload: dict, headers: Mapping[str, str]
     if any(unicodedata.category(ch) == "Cc" for ch in value):
         raise MessageIdMissing(f"The message id in the {where} contains control characters.")
     return value
+
+
+def _payload(body: bytes) -> dict:
+    try:
+        payload = safe_json.loads(body)
+    except safe_json.UnsafeInput as exc:
+        raise MalformedEvent(f"The body is not a JSON event this inbox can store: {exc}") from None
+    if not isinstance(payload, dict):
+        raise MalformedEvent("The body must be a JSON object.")
+    return payload
+
+
+def _verified(source: WebhookSource, body: bytes, headers: Mapping[str, str]) -> tuple[dict, str]:
+    """The payload and the message id of a delivery whose signature matched (else a WebhookRefused)."""
+    signature = signing.read_signature(source, headers.get(signing.SIGNATURE_HEADER))
+    if source.message_id_header:
+        external_id = _header_message_id(source, headers)
+        signing.verify_signature(source, signature, body, message_id=external_id)
+        return _payload(body), external_id
+    if source.signature_scheme == SignatureScheme.BODY:
+        signing.verify_signature(source, signature, body, message_id=None)
+        payload = _payload(body)
+        return payload, _field_message_id(source, payload)
+    # The id this scheme signs is inside the body, so the body is parsed (strictly, within its
+    # bound) before the signature is checked: an unsigned delivery may hear that it is not JSON
+    # or has no id, and nothing else.
+    payload = _payload(body)
+    external_id = _field_message_id(source, payload)
+    signing.verify_signature(source, signature, body, message_id=external_id)
+    return payload, external_id
 
 
 def _attachments(source: WebhookSource, payload: dict) -> tuple[list[Attachment], dict]:
@@ -194,14 +228,7 @@ def receive_event(*, source: WebhookSource, body: bytes, headers: Mapping[str, s
     """
     if len(body) > settings.WEBHOOK_MAX_BYTES:
         raise BodyTooLarge()
-    verify_signature(source, body, headers.get(SIGNATURE_HEADER))
-    try:
-        payload = safe_json.loads(body)
-    except safe_json.UnsafeInput as exc:
-        raise MalformedEvent(f"The body is not a JSON event this inbox can store: {exc}") from None
-    if not isinstance(payload, dict):
-        raise MalformedEvent("The body must be a JSON object.")
-    external_id = _message_id(source, payload, headers)
+    payload, external_id = _verified(source, body, headers)
 
     existing = WebhookEvent.objects.filter(source=source, external_id=external_id).first()
     if existing is not None:

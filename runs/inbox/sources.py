@@ -7,10 +7,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import models
+
 from agents.registry import UnknownAgentError, get_agent_spec, validate_params
 from agents.scripted import ScriptError
 
 MIN_SECRET_CHARS = 16
+
+
+class SignatureScheme(models.TextChoices):
+    """What a provider's signature covers (see runs.inbox.signing)."""
+
+    TIMESTAMPED = "timestamped", "timestamped: a time, the message id and the body"
+    BODY = "body", "body only (the message id must be a field of the body)"
 
 
 def source_errors(source: Any) -> dict[str, list[str]]:
@@ -29,6 +38,18 @@ def source_errors(source: Any) -> dict[str, list[str]]:
     if field and any(not part for part in field.split(".")):
         errors.setdefault("message_id_field", []).append(
             "The JSON field path is dotted names, e.g. message.id (no empty parts)."
+        )
+    scheme = source.signature_scheme
+    if scheme not in SignatureScheme.values:
+        errors.setdefault("signature_scheme", []).append(
+            f"The signature scheme is “timestamped” or “body”, not {scheme!r}."
+        )
+    elif scheme == SignatureScheme.BODY and header:
+        # A body-only signature does not cover a header: the same body could come again under
+        # any id, and each new id would be a new event and a new run.
+        errors.setdefault("signature_scheme", []).append(
+            "A body-only signature does not cover the message id header, so a signed delivery could be "
+            "re-sent under a new id: use the timestamped scheme, or take the id from a JSON field of the body."
         )
     if not isinstance(source.params, dict):
         errors.setdefault("params", []).append("params must be a JSON object.")

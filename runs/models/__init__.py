@@ -6,7 +6,7 @@ needed no migration.
 
 from runs.models.chat import Conversation
 from runs.models.effects import EffectStatus, ToolEffect
-from runs.models.inbox import EventStatus, WebhookEvent, WebhookSource
+from runs.models.inbox import EventStatus, SignatureScheme, WebhookEvent, WebhookSource
 from runs.models.ledger import (
     IN_FLIGHT,
     SETTLED,
@@ -37,6 +37,7 @@ __all__ = [
     "ScheduleFiring",
     "ScheduleKind",
     "SettledOutcome",
+    "SignatureScheme",
     "StepStatus",
     "ToolCall",
     "ToolCallStatus",

@@ -7,7 +7,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
-from runs.inbox.sources import source_errors
+from runs.inbox.sources import SignatureScheme, source_errors
 
 
 class WebhookSource(models.Model):
@@ -25,6 +25,13 @@ class WebhookSource(models.Model):
     )
     message_id_field = models.CharField(
         max_length=255, blank=True, help_text="Or the JSON field carrying it, as a dotted path, e.g. message.id."
+    )
+    signature_scheme = models.CharField(
+        max_length=16,
+        choices=SignatureScheme.choices,
+        default=SignatureScheme.TIMESTAMPED,
+        help_text="What the provider signs: a time, the message id and the body (timestamped), or the body "
+        "alone, allowed only when the message id is a field of that body.",
     )
     expects_attachments = models.BooleanField(
         default=False,
@@ -46,6 +53,16 @@ class WebhookSource(models.Model):
                 condition=(models.Q(message_id_header="") & ~models.Q(message_id_field=""))
                 | (~models.Q(message_id_header="") & models.Q(message_id_field="")),
                 name="webhooksource_one_message_id_location",
+            ),
+            # The body-only scheme signs no header, so its message id must be inside the signed body.
+            models.CheckConstraint(
+                condition=models.Q(signature_scheme=SignatureScheme.TIMESTAMPED)
+                | (
+                    models.Q(signature_scheme=SignatureScheme.BODY)
+                    & models.Q(message_id_header="")
+                    & ~models.Q(message_id_field="")
+                ),
+                name="webhooksource_body_signature_signs_message_id",
             ),
         ]
 
