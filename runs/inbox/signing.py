@@ -202,8 +202,8 @@ def verify_signature(source: WebhookSource, signature: Signature, body: bytes, *
         signed = _timestamped_bytes(signature.timestamp, message_id, body)
     expected = _digest(source.secret, signed).encode()
     matched = False
-    # Every digest is compared, in constant time: neither how many were tried nor how much of one
-    # matched shows in the timing.
+    # Every digest is compared in constant time, with no early exit: neither which one matched nor
+    # how much of one did shows in the timing.
     for digest in signature.digests:
         matched |= hmac.compare_digest(expected, digest.encode())
     if not matched:
