@@ -175,9 +175,9 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             "Follows the replay rules: 409 `run_in_flight`, `replay_in_flight`, `run_succeeded`, "
             "`already_replayed`, `calls_in_doubt`, `tools_called`, `tools_unknown`; 410 `input_gone`. A run "
             "whose calls were all read only is replayed without force. Someone else's run needs the permission "
-            "runs.replay_agentrun (else 403 `replay_not_permitted`); one's own run needs none, but its owner must "
-            "still be one the caller may act for (else 403 `owner_not_permitted`). `force` overrides the refusals a person "
-            "may override; it needs the permission runs.force_replay_agentrun (else 403) and a `reason` (else "
+            "runs.replay_agentrun (else 403 `replay_not_permitted`); one's own run needs none, but its owner "
+            "must still be one the caller may act for (else 403 `owner_not_permitted`). `force` overrides the "
+            "refusals a person may override; it needs the permission runs.force_replay_agentrun (else 403) and a `reason` (else "
             "400). `effects` (with force): `reuse` (default) serves effects recorded as done from their records, "
             "`redo` does them again; the choice is recorded on the new run."
         ),
