@@ -115,6 +115,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="chat-ttfe-") as tmp, bench_database("chat"):
         env = configure(Path(tmp))
         from django.contrib.auth import get_user_model
+        from django.contrib.auth.models import Permission
         from django.db import connection
         from rest_framework.authtoken.models import Token
 
@@ -123,6 +124,8 @@ def main() -> None:
 
         vendor = connection.vendor
         user, _ = get_user_model().objects.get_or_create(username="bench")
+        # A service account: each turn acts for an owner of its own (runs.act_for_any_owner).
+        user.user_permissions.add(Permission.objects.get(codename="act_for_any_owner"))
         token = Token.objects.get_or_create(user=user)[0].key
 
         port = free_port()

@@ -215,3 +215,43 @@ class NotInDoubt(Refusal):
 
     def __init__(self, call_id: str, why: str):
         super().__init__(f"Call {call_id} is not in doubt: {why} There is nothing to settle.", call_id=call_id)
+
+
+# --- Who may act for whom (docs/architecture.md, "Who may act for whom") ----------------------------
+
+
+class OwnerNotPermitted(Refusal):
+    status = 403
+    code = "owner_not_permitted"
+
+    def __init__(self, owner_id: str):
+        super().__init__(
+            f"You may not act for owner {owner_id!r}. A user acts only for their own username, for an owner "
+            "an admin granted them (Owner grants in the admin), or for any owner with the permission "
+            "“Can start runs, chat and read memory for any owner” (runs.act_for_any_owner).",
+            owner_id=owner_id,
+        )
+
+
+class ReplayNotPermitted(Refusal):
+    status = 403
+    code = "replay_not_permitted"
+
+    def __init__(self, run_id: Any):
+        super().__init__(
+            f"Run {run_id} was started by someone else: replaying it needs the permission “Can replay another "
+            "user's run” (runs.replay_agentrun); ask someone who has it.",
+            run_id=str(run_id),
+        )
+
+
+class CancelNotPermitted(Refusal):
+    status = 403
+    code = "cancel_not_permitted"
+
+    def __init__(self, run_id: Any):
+        super().__init__(
+            f"Run {run_id} was started by someone else: cancelling it needs the permission “Can cancel another "
+            "user's run” (runs.cancel_agentrun); ask someone who has it.",
+            run_id=str(run_id),
+        )

@@ -1,7 +1,8 @@
 """Starting, replaying and cancelling runs. Views, admin actions, commands and tasks all call these functions.
 
 A run's life in its worker (claim, heartbeat, settle) is in `runs.lifecycle`; who may see a run is
-`runs.visibility`; what a run called is the journal's evidence (`runs.journal`).
+`runs.visibility`, who may act for an owner or on a run is `runs.permissions`; what a run called
+is the journal's evidence (`runs.journal`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from agents.services import resolve_runnable
 from agents.workflows import WorkflowGraphError, validate_workflow_params
 from config.lib import files, safe_json
 from config.lib.refusals import required_text
-from runs import lifecycle, quotas, reconcile, visibility
+from runs import lifecycle, permissions, quotas, reconcile, visibility
 from runs import replay as rules
 from runs.counters import REPLAY_REFUSALS
 from runs.models import AgentRun, EffectsChoice, RunStatus, Trigger
@@ -204,6 +205,10 @@ def start_run(
 ) -> AgentRun:
     """Validate, copy the input file, write the run as `queued`, and enqueue it on commit.
 
+    `created_by` is the person starting the run, and the owner rule applies to them
+    (`runs.permissions`: 403 `owner_not_permitted`). None is a system trigger (a schedule, a
+    webhook event, the command line) whose owner staff fixed: the rule was applied when it was saved.
+
     `agent_name` names a registered agent or a workflow. A workflow run stores a snapshot of its
     graph in `config["workflow"]`, so it and its replays run the graph as it was when written;
     started from the API (the default trigger) its trigger is `workflow`.
@@ -218,6 +223,8 @@ def start_run(
             errors.setdefault("file", []).extend(exc.message_dict["file"])
     if errors:
         raise ValidationError(errors)
+    if created_by is not None:
+        permissions.check_may_act_for_owner(user=created_by, owner_id=cleaned["owner_id"])
     target = cleaned["agent"]
     config: dict[str, Any] = {"message": cleaned["message"], "params": cleaned["params"]}
     if isinstance(target, dict):
@@ -337,6 +344,7 @@ def replay_run(
             original = visibility.visible_runs(actor).select_for_update().get(pk=run_id)
         except (AgentRun.DoesNotExist, ValidationError, ValueError):
             raise RunNotFound(run_id) from None
+        permissions.check_may_replay(actor=actor, run=original)
         # A run whose worker died is judged as what it is (a failure with unknown outcome), not
         # as "still running".
         reconcile.reconcile_run_if_stale(original)
@@ -392,6 +400,7 @@ def cancel_run(run_id: Any, *, actor: Any) -> AgentRun:
             run = visibility.visible_runs(actor).select_for_update().get(pk=run_id)
         except (AgentRun.DoesNotExist, ValidationError, ValueError):
             raise RunNotFound(run_id) from None
+        permissions.check_may_cancel(actor=actor, run=run)
         # Nobody is left to act on a dead run's cancellation: settle it as what it is instead.
         reconcile.reconcile_run_if_stale(run)
         if run.status == RunStatus.QUEUED:

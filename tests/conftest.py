@@ -59,31 +59,53 @@ def _test_settings(settings, tmp_path):
 
 @pytest.fixture
 def alice(django_user_model):
-    """An internal tool's account: may start runs and see its own."""
-    return django_user_model.objects.create_user("alice", password="alice-pass-123")
+    """An internal tool's account: starts runs for its end users (runs.act_for_any_owner) and sees its own."""
+    user = django_user_model.objects.create_user("alice", password="alice-pass-123")
+    user.user_permissions.add(Permission.objects.get(codename="act_for_any_owner"))
+    return user
 
 
 @pytest.fixture
 def bob(django_user_model):
+    """An ordinary user: acts only for himself (owner "bob") and for owners an admin granted him."""
     return django_user_model.objects.create_user("bob", password="bob-pass-123")
+
+
+# The desk's permissions (docs/architecture.md, "Who may act for whom"): seeing every run, and
+# replaying, cancelling and resolving what others started.
+DESK = ["view_agentrun", "view_toolcall", "replay_agentrun", "cancel_agentrun", "resolve_webhookevent"]
+
+
+def _with_permissions(user, codenames: list[str]):
+    user.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
+    return user
 
 
 @pytest.fixture
 def support_agent(django_user_model):
-    """Support staff: sees every run in the admin, may replay but not force."""
+    """Support staff: sees every run in the admin, may replay and cancel anyone's run but not force."""
     user = django_user_model.objects.create_user("sam", password="sam-pass-123", is_staff=True)
-    user.user_permissions.add(*Permission.objects.filter(codename__in=["view_agentrun", "view_toolcall"]))
-    return user
+    return _with_permissions(user, DESK)
 
 
 @pytest.fixture
 def support_lead(django_user_model):
     """Senior support: may also force a replay the rules refuse."""
     user = django_user_model.objects.create_user("lee", password="lee-pass-123", is_staff=True)
-    user.user_permissions.add(
-        *Permission.objects.filter(codename__in=["view_agentrun", "view_toolcall", "force_replay_agentrun"])
-    )
-    return user
+    return _with_permissions(user, [*DESK, "force_replay_agentrun"])
+
+
+@pytest.fixture
+def run_viewer(django_user_model):
+    """May read every run (runs.view_agentrun) and nothing more: seeing is not acting."""
+    user = django_user_model.objects.create_user("vera", password="vera-pass-123", is_staff=True)
+    return _with_permissions(user, ["view_agentrun", "view_toolcall"])
+
+
+@pytest.fixture
+def bare_staff(django_user_model):
+    """Staff without model permissions: sees every run through the API, may act on none but their own."""
+    return django_user_model.objects.create_user("stan", password="stan-pass-123", is_staff=True)
 
 
 @pytest.fixture

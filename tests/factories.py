@@ -20,11 +20,14 @@ API_HINT = "Pass force=true to run it again anyway."
 ADMIN_HINT = "Use “Force replay…” to run it again anyway."
 
 
-def make_run(*, status: str = RunStatus.ERROR, tools=None, created_by=None, file: bytes | None = None, **fields):
+def make_run(
+    *, status: str = RunStatus.ERROR, tools=None, created_by=None, owner_id=None, file: bytes | None = None, **fields
+):
+    """A system run for the end user jane; a person's run is for their own username unless told otherwise."""
     run = services.start_run(
         agent_name="support",
         message="Jane asks about her refund.",
-        owner_id="jane",
+        owner_id=owner_id or ("jane" if created_by is None else created_by.get_username()),
         created_by=created_by,
         file=io.BytesIO(file) if file is not None else None,
         file_name="invoice.txt" if file is not None else None,

@@ -163,7 +163,8 @@ def test_the_desk_overview_and_a_live_run_page(live_server, support_lead, monkey
     make_run(tools=None, error_code="reconciled", finished_at=now - timedelta(hours=1))
 
     run = services.start_run(
-        agent_name="support", message="Look up Jane, slowly.", owner_id="jane", created_by=support_lead,
+        agent_name="support", message="Look up Jane, slowly.", owner_id=support_lead.get_username(),
+        created_by=support_lead,
         params=script_params(dict(LOOKUP, hang=3), SEND_EMAIL, SAY_DONE), enqueue=False,
     )
 

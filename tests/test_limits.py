@@ -276,7 +276,7 @@ def test_starting_runs_is_throttled_per_user_with_retry_after(as_alice, bob, set
     # Per user: another user is not held back, and reading is never throttled.
     as_bob = APIClient()
     as_bob.force_authenticate(bob)
-    assert as_bob.post("/api/runs/", RUN, format="json").status_code == 202
+    assert as_bob.post("/api/runs/", {**RUN, "owner_id": "bob"}, format="json").status_code == 202
     assert as_alice.get("/api/runs/").status_code == 200
 
 
@@ -321,7 +321,7 @@ def test_runs_in_flight_per_user_are_capped(as_alice, alice, bob, settings, no_w
     # Settled runs do not count, and nor do other users' runs.
     AgentRun.objects.filter(created_by=alice).update(status=RunStatus.CANCELLED)
     assert as_alice.post("/api/runs/", RUN, format="json").status_code == 202
-    assert services.start_run(agent_name="support", message="hi", owner_id="x", created_by=bob, enqueue=False)
+    assert services.start_run(agent_name="support", message="hi", owner_id="bob", created_by=bob, enqueue=False)
 
 
 def test_open_chat_streams_per_user_are_capped(alice, alice_token, settings):

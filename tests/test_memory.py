@@ -140,22 +140,26 @@ def test_the_api_returns_one_scope_only(alice, three_scopes):
     assert set(body["results"][0]) == {"id", "author", "text", "session_id", "run_id", "timestamp", "added_at"}
 
 
-def test_a_scope_the_caller_cannot_see_answers_404(alice, bob, billing, three_scopes):
-    started_by(alice, "alice")
-    client = api_client_for(alice)
-    # Bob's memories, and alice's owner under an agent she never ran for that owner.
-    for params in ({"agent": "support", "owner_id": "bob"}, {"agent": "billing", "owner_id": "alice"}):
+def test_a_scope_the_caller_cannot_see_answers_404(bob, billing, three_scopes):
+    client = api_client_for(bob)
+    # Alice's memories, under either agent: bob may not act for alice.
+    for params in ({"agent": "support", "owner_id": "alice"}, {"agent": "billing", "owner_id": "alice"}):
         response = client.get(URL, {**params, "q": "Lyon"})
         assert response.status_code == 404
         assert response.json()["code"] == "not_found"
         assert "Lyon" not in response.content.decode()
-    # Bob cannot see the owner alice's runs were for, even though it has memories.
-    response = api_client_for(bob).get(URL, {"agent": "support", "owner_id": "alice", "q": "Lyon"})
+    # His own memories need no run of his: the owner is his username.
+    response = client.get(URL, {"agent": "support", "owner_id": "bob", "q": "Lyon"})
+    assert response.status_code == 200
+    assert [result["text"] for result in response.json()["results"]] == ["Bob's parcel goes to the Lyon warehouse."]
+
+
+def test_reading_any_scope_needs_the_owner_rule_not_the_runs_visibility(support_agent, alice, admin_user, three_scopes):
+    # Seeing every run is not acting for every owner.
+    response = api_client_for(support_agent).get(URL, {"agent": "support", "owner_id": "bob", "q": "Lyon"})
     assert response.status_code == 404
-
-
-def test_staff_and_run_viewers_see_every_scope(support_agent, admin_user, three_scopes):
-    for user in (support_agent, admin_user):
+    # A service account (runs.act_for_any_owner) and a superuser read any owner's memories.
+    for user in (alice, admin_user):
         response = api_client_for(user).get(URL, {"agent": "support", "owner_id": "bob", "q": "Lyon"})
         assert response.status_code == 200
         assert [result["text"] for result in response.json()["results"]] == ["Bob's parcel goes to the Lyon warehouse."]

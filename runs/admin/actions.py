@@ -1,7 +1,9 @@
 """The run desk's actions: doors onto runs.services, with the same refusals as the API.
 
 Refusals are worded for the admin (“Use “Force replay…” …” instead of “Pass force=true …”) and
-reported once per run. Replaying and cancelling need the same permissions as the API's doors.
+reported once per run. Replaying and cancelling need the same permissions as the API's doors
+(`runs.permissions`): each action is offered to holders of its permission, and to people with
+runs of their own (which need none); someone else's run is then refused per run by the service.
 """
 
 from __future__ import annotations
@@ -63,14 +65,14 @@ def _after_replay(request, created: list[AgentRun], *, selected: int):
     return back(request)
 
 
-@admin.action(permissions=["view"], description="Replay selected runs")
+@admin.action(permissions=["replay"], description="Replay selected runs")
 def replay_selected(modeladmin, request, queryset):
     runs = list(queryset.order_by("created_at"))
     created = _replay_each(modeladmin, request, runs, force=False)
     return _after_replay(request, created, selected=len(runs))
 
 
-@admin.action(permissions=["view"], description="Cancel selected runs")
+@admin.action(permissions=["cancel"], description="Cancel selected runs")
 def cancel_selected(modeladmin, request, queryset):
     act_on_each(
         modeladmin,

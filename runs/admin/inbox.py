@@ -1,7 +1,10 @@
 """The webhook inbox in the admin: sources (configured here) and events (records, with a desk).
 
 Event actions are doors onto runs.inbox.desk like the run desk's onto runs.services: the same
-rules, one message per event. Forcing needs the same permission as forcing a replay.
+rules, one message per event. Processing an event again is a replay of a run nobody in particular
+started: “Retry now” needs `runs.replay_agentrun`, “Force reprocess…” that and the force permission;
+“Mark resolved” needs `runs.resolve_webhookevent`. Saving a source for an owner needs that the
+staff member may act for that owner (`runs.permissions`).
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from config.lib.admin import (
     confirm_with_reason,
     object_buttons,
 )
+from runs import permissions, services
 from runs import replay as rules
-from runs import services
 from runs.admin.actions import called_tools, change_url, journal_rows
+from runs.admin.owners import OwnerCheckedAdminMixin
 from runs.inbox import attempts, desk, refusals, sources
 from runs.models import AgentRun, WebhookEvent, WebhookSource
 
@@ -82,7 +86,7 @@ class WebhookSourceForm(forms.ModelForm):
 
 
 @admin.register(WebhookSource)
-class WebhookSourceAdmin(admin.ModelAdmin):
+class WebhookSourceAdmin(OwnerCheckedAdminMixin, admin.ModelAdmin):
     form = WebhookSourceForm
     list_display = ["slug", "name", "agent_name", "owner_id", "signature_scheme", "message_id_location",
                     "expects_attachments", "enabled", "secret_state", "endpoint"]
@@ -114,7 +118,7 @@ def event_label(event: WebhookEvent) -> str:
     return f"Event {event.external_id} ({str(event.event_id)[:8]})"
 
 
-@admin.action(permissions=["view"], description="Retry now")
+@admin.action(permissions=["replay"], description="Retry now")
 def retry_now(modeladmin, request, queryset):
     act_on_each(
         modeladmin, request, queryset.order_by("received_at"),
@@ -126,7 +130,7 @@ def retry_now(modeladmin, request, queryset):
     return back(request)
 
 
-@admin.action(permissions=["view"], description="Mark resolved")
+@admin.action(permissions=["resolve"], description="Mark resolved")
 def mark_resolved(modeladmin, request, queryset):
     act_on_each(
         modeladmin, request, queryset.order_by("received_at"),
@@ -196,7 +200,7 @@ def force_reprocess(modeladmin, request, queryset):
     return confirm_with_reason(
         modeladmin, request, queryset, events,
         action=FORCE_REPROCESS,
-        permitted=services.can_force_replay(request.user),
+        permitted=modeladmin.has_force_replay_permission(request),
         rows=force_rows,
         perform=perform,
     )
@@ -247,7 +251,13 @@ class WebhookEventAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAd
         return super().has_view_permission(request, obj) or request.user.has_perm("runs.view_agentrun")
 
     def has_force_replay_permission(self, request, obj=None):
-        return services.can_force_replay(request.user)
+        return services.can_force_replay(request.user) and permissions.may_replay_others(user=request.user)
+
+    def has_replay_permission(self, request, obj=None):
+        return permissions.may_replay_others(user=request.user)
+
+    def has_resolve_permission(self, request, obj=None):
+        return permissions.may_resolve_events(user=request.user)
 
     def get_queryset(self, request):
         runs = AgentRun.objects.only("run_id", "status", "created_at", "webhook_event_id", "tools_executed",
@@ -280,10 +290,13 @@ class WebhookEventAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAd
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         extra_context = dict(extra_context or {})
-        buttons = [ObjectButton("retry_now", "Retry now", "retry_now-button")]
+        buttons = []
+        if self.has_replay_permission(request):
+            buttons.append(ObjectButton("retry_now", "Retry now", "retry_now-button"))
         if self.has_force_replay_permission(request):
             buttons.append(ObjectButton("force_reprocess", "Force reprocess…", "force_reprocess-button"))
-        buttons.append(ObjectButton("mark_resolved", "Mark resolved", "mark_resolved-button"))
+        if self.has_resolve_permission(request):
+            buttons.append(ObjectButton("mark_resolved", "Mark resolved", "mark_resolved-button"))
         extra_context.update(object_buttons(self, buttons))
         return super().change_view(request, object_id, form_url, extra_context)
 

@@ -14,7 +14,7 @@ from config.lib.admin import (
     ReadOnlyAdminMixin,
     object_buttons,
 )
-from runs import reconcile, services, timeline
+from runs import permissions, reconcile, services, timeline
 from runs.admin import actions, live, run_page, settle
 from runs.admin.filters import AgentFilter, DeskFilter, StaleRunningFilter, ToolsStateFilter
 from runs.models import AgentRun, ToolCall
@@ -114,6 +114,20 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
     def has_force_replay_permission(self, request, obj=None):
         return services.can_force_replay(request.user)
 
+    # The actions' gates ask what the API asks (runs.permissions); each run is still checked by
+    # the service, so someone else's run without the permission is refused on its own line.
+    def has_replay_permission(self, request, obj=None):
+        user = request.user
+        if obj is not None:
+            return permissions.is_own_run(actor=user, run=obj) or permissions.may_replay_others(user=user)
+        return permissions.may_replay_others(user=user) or permissions.has_own_runs(user=user)
+
+    def has_cancel_permission(self, request, obj=None):
+        user = request.user
+        if obj is not None:
+            return permissions.is_own_run(actor=user, run=obj) or permissions.may_cancel_others(user=user)
+        return permissions.may_cancel_others(user=user) or permissions.has_own_runs(user=user)
+
     def get_urls(self):
         info = self.opts.app_label, self.opts.model_name
         custom = [
@@ -155,10 +169,12 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
         return super().change_view(request, object_id, form_url, extra_context)
 
     def page_buttons(self, request, run: AgentRun) -> list[ObjectButton]:
-        buttons = [ObjectButton("replay_selected", "Replay", "replay-button")]
+        buttons = []
+        if self.has_replay_permission(request, run):
+            buttons.append(ObjectButton("replay_selected", "Replay", "replay-button"))
         if self.has_force_replay_permission(request):
             buttons.append(ObjectButton("force_replay_selected", "Force replay…", "force-replay-button"))
-        if run.is_in_flight:
+        if run.is_in_flight and self.has_cancel_permission(request, run):
             buttons.append(ObjectButton("cancel_selected", "Cancel run", "cancel-button"))
         return buttons
 

@@ -6,6 +6,7 @@ from django.utils.html import format_html
 
 from config.lib.admin import ReadOnlyAdminMixin
 from runs.admin.filters import SkippedRecentlyFilter
+from runs.admin.owners import OwnerCheckedAdminMixin
 from runs.models import RunSchedule, ScheduleFiring
 
 
@@ -38,8 +39,12 @@ def _run_link(run_id) -> str:
 
 
 @admin.register(RunSchedule)
-class RunScheduleAdmin(admin.ModelAdmin):
-    """Staff schedule an agent or a workflow; each firing is a run with trigger `schedule`."""
+class RunScheduleAdmin(OwnerCheckedAdminMixin, admin.ModelAdmin):
+    """Staff schedule an agent or a workflow; each firing is a run with trigger `schedule`.
+
+    Its runs have no actor, so the owner they act for is checked here: only a staff member who
+    may act for that owner saves the schedule.
+    """
 
     list_display = ["name", "enabled", "agent_name", "timing", "next_fire_at", "last_fired_at", "last_run_link",
                     "last_skipped_at"]

@@ -1,4 +1,4 @@
-"""`GET /api/memory/`: one scope's memories, ranked by relevance to `q`; visible under the runs' rule.
+"""`GET /api/memory/`: one scope's memories, ranked by relevance to `q`; read under the owner rule (runs.permissions).
 
 Errors answer `{"code": ..., "detail": ...}` like the rest of the API.
 """
@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 from config.lib.api_errors import ErrorSerializer
 from memory import services
 from memory.models import MemoryEntry
-from runs import visibility
+from runs import permissions
 
 
 class MemorySerializer(serializers.ModelSerializer):
@@ -49,7 +49,9 @@ class MemorySearchView(APIView):
                 },
             ),
             400: OpenApiResponse(ErrorSerializer, description="missing_scope, unknown_agent, empty_query, invalid_limit"),
-            404: OpenApiResponse(ErrorSerializer, description="Not a scope the caller may see."),
+            404: OpenApiResponse(
+                ErrorSerializer, description="Not a scope the caller may read: the owner is not theirs to act for."
+            ),
         },
     )
     def get(self, request):
@@ -57,7 +59,7 @@ class MemorySearchView(APIView):
         agent, owner_id = services.clean_scope(agent=params.get("agent"), owner_id=params.get("owner_id"))
         query = services.clean_query(params.get("q"))
         limit = services.clean_limit(params.get("limit"))
-        visibility.check_scope_visible(user=request.user, agent=agent, owner_id=owner_id)
+        permissions.check_may_read_memory(user=request.user, agent=agent, owner_id=owner_id)
         entries = services.search_memories(agent=agent, owner_id=owner_id, query=query, limit=limit)
         return Response(
             {"agent": agent, "owner_id": owner_id, "q": query, "results": MemorySerializer(entries, many=True).data}

@@ -138,10 +138,11 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         description=(
             "`agent` names a registered agent or a workflow (or give `workflow` instead). A workflow run has "
             "trigger `workflow`, records its steps, and takes `params.scripts` (a script per agent name) "
-            "for the scripted model."
+            "for the scripted model. 403 `owner_not_permitted` unless `owner_id` is the caller's own username, "
+            "an owner an admin granted them, or the caller holds runs.act_for_any_owner."
         ),
         request={"application/json": RunCreateSerializer, "multipart/form-data": RunCreateSerializer},
-        responses={202: RunSerializer, **errors(400, 401, 413, 415)},
+        responses={202: RunSerializer, **errors(400, 401, 403, 413, 415)},
         examples=[
             OpenApiExample(
                 "Scripted",
@@ -173,8 +174,10 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         description=(
             "Follows the replay rules: 409 `run_in_flight`, `replay_in_flight`, `run_succeeded`, "
             "`already_replayed`, `calls_in_doubt`, `tools_called`, `tools_unknown`; 410 `input_gone`. A run "
-            "whose calls were all read only is replayed without force. `force` overrides the refusals a person "
-            "may override; it needs the permission runs.force_replay_agentrun (else 403) and a `reason` (else "
+            "whose calls were all read only is replayed without force. Someone else's run needs the permission "
+            "runs.replay_agentrun (else 403 `replay_not_permitted`); one's own run needs none, but its owner "
+            "must still be one the caller may act for (else 403 `owner_not_permitted`). `force` overrides the "
+            "refusals a person may override; it needs the permission runs.force_replay_agentrun (else 403) and a `reason` (else "
             "400). `effects` (with force): `reuse` (default) serves effects recorded as done from their records, "
             "`redo` does them again; the choice is recorded on the new run."
         ),
@@ -243,10 +246,11 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         description=(
             "A queued run is cancelled at once and never starts. A running run is asked to stop: its "
             "worker notices within one heartbeat, aborts the agent (pending tool calls are sealed) and "
-            "the run settles as `cancelled`. 409 `run_settled` if it has already finished."
+            "the run settles as `cancelled`. 409 `run_settled` if it has already finished. Someone else's run "
+            "needs the permission runs.cancel_agentrun (else 403 `cancel_not_permitted`)."
         ),
         request=EmptySerializer,
-        responses={202: RunSerializer, **errors(400, 401, 404, 409, 415)},
+        responses={202: RunSerializer, **errors(400, 401, 403, 404, 409, 415)},
     )
     @action(detail=True, methods=["post"])
     def cancel(self, request, run_id=None):

@@ -29,7 +29,7 @@ from agents.registry import UnknownAgentError
 from agents.services import resolve_runnable
 from config.lib.refusals import Refusal
 from config.lib.user_params import scripts_refusal
-from runs import executor, services
+from runs import executor, permissions, services
 from runs.models import IN_FLIGHT, AgentRun, Conversation, Trigger
 
 logger = logging.getLogger(__name__)
@@ -72,8 +72,9 @@ def begin_turn(
 ) -> AgentRun:
     """Write one chat turn as a queued run in its conversation (a new one without an id).
 
-    Raises ValidationError for bad input, ConversationNotFound when the conversation is not
-    this user's (for this agent and owner), ConversationBusy while another turn of it runs.
+    Raises ValidationError for bad input, OwnerNotPermitted when the user may not act for the
+    owner (`runs.permissions`), ConversationNotFound when the conversation is not this user's
+    (for this agent and owner), ConversationBusy while another turn of it runs.
     Nothing is written when it raises.
     """
     # What identifies the conversation is checked first, so a bad agent or owner is a 400 and
@@ -104,6 +105,9 @@ def begin_turn(
         errors["params"] = [refused]
     if errors:
         raise ValidationError(errors)
+    # Before the conversation is looked up: a conversation of this user's for an owner they may
+    # no longer act for (a grant taken back) is refused like a new one.
+    permissions.check_may_act_for_owner(user=user, owner_id=owner_key)
 
     with transaction.atomic():
         if wanted is None:

@@ -1,4 +1,8 @@
 """The inbox desk's rules: retry now, force reprocess, mark resolved (the admin actions are doors onto these).
+
+Who may: processing an event again (retry, force) is a replay of a run nobody in particular
+started, so it needs `runs.replay_agentrun` (forcing needs `runs.force_replay_agentrun` on top);
+closing an event needs `runs.resolve_webhookevent`.
 """
 
 from __future__ import annotations
@@ -13,11 +17,18 @@ from django.db import transaction
 from django.utils import timezone
 
 from config.lib.refusals import Refusal
-from runs import reconcile, services
+from runs import permissions, reconcile, services
 from runs import replay as rules
 from runs.inbox import receipt
 from runs.inbox.attempts import files_follow_transaction, last_run, start_attempt, update_event
-from runs.inbox.refusals import EventClosed, EventInFlight, EventNotFound, NothingToResolve
+from runs.inbox.refusals import (
+    EventClosed,
+    EventInFlight,
+    EventNotFound,
+    NothingToResolve,
+    ResolveNotPermitted,
+    RetryNotPermitted,
+)
 from runs.models import AgentRun, EventStatus, WebhookEvent
 
 logger = logging.getLogger(__name__)
@@ -51,8 +62,8 @@ def retry_event(event_id: Any, *, actor: Any) -> AgentRun:
 
     The attempts ceiling does not apply: a person asked. Returns the new run.
     """
-
-
+    if not permissions.may_replay_others(user=actor):
+        raise RetryNotPermitted()
     now = timezone.now()
     with files_follow_transaction(), transaction.atomic():
         event = _locked_event(event_id)
@@ -76,9 +87,9 @@ def retry_event(event_id: Any, *, actor: Any) -> AgentRun:
 
 def force_reprocess_event(event_id: Any, *, actor: Any, reason: str) -> AgentRun:
     """Process the event again even where the rules refuse (tools called, unknown, done, resolved)."""
-
-
     reason = services.check_force(actor=actor, reason=reason)
+    if not permissions.may_replay_others(user=actor):
+        raise RetryNotPermitted()
     now = timezone.now()
     with files_follow_transaction(), transaction.atomic():
         event = _locked_event(event_id)
@@ -110,7 +121,8 @@ def force_reprocess_event(event_id: Any, *, actor: Any, reason: str) -> AgentRun
 
 def resolve_event(event_id: Any, *, actor: Any) -> WebhookEvent:
     """A person handled the event (or decided it needs nothing more): it is closed, never retried."""
-
+    if not permissions.may_resolve_events(user=actor):
+        raise ResolveNotPermitted()
     now = timezone.now()
     with transaction.atomic():
         event = _locked_event(event_id)

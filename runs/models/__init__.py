@@ -20,6 +20,7 @@ from runs.models.ledger import (
     ToolCallStatus,
     Trigger,
 )
+from runs.models.owners import OwnerGrant
 from runs.models.schedules import FiringOutcome, RunSchedule, ScheduleFiring, ScheduleKind
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "EffectsChoice",
     "EventStatus",
     "FiringOutcome",
+    "OwnerGrant",
     "RunSchedule",
     "RunStatus",
     "RunStep",

@@ -134,6 +134,8 @@ class WebhookEvent(models.Model):
             models.Index(fields=["status", "lease_expires_at"], name="webhookevent_status_lease"),
             models.Index(fields=["-received_at"], name="webhookevent_received_desc"),
         ]
+        # Closing an event for good is a decision of its own; retrying it is a replay (runs.replay_agentrun).
+        permissions = [("resolve_webhookevent", "Can mark a webhook event resolved")]
 
     def __str__(self) -> str:
         return f"event {self.external_id}"

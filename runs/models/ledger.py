@@ -134,7 +134,15 @@ class AgentRun(models.Model):
                 name="run_failed_tools_unknown",
             ),
         ]
-        permissions = [("force_replay_agentrun", "Can force a replay that the rules refuse")]
+        # Seeing is not acting (docs/architecture.md, "Who may act for whom"): view_agentrun reads
+        # every run; replaying or cancelling someone else's run, and acting for any owner, are
+        # granted on their own.
+        permissions = [
+            ("force_replay_agentrun", "Can force a replay that the rules refuse"),
+            ("replay_agentrun", "Can replay another user's run"),
+            ("cancel_agentrun", "Can cancel another user's run"),
+            ("act_for_any_owner", "Can start runs, chat and read memory for any owner"),
+        ]
         constraints = [
             # The database's own guarantee that an inbox event never has two runs in flight,
             # whatever path started them.

@@ -1,0 +1,111 @@
+"""Who may act for whom, and on whose runs: one rule for every door (docs/architecture.md, "Who may act for whom").
+
+Seeing is `runs.visibility`; this module is acting.
+
+- **For an owner.** A user may start runs, chat turns and read memory for an owner only if the
+  owner is their own username, or an admin granted them that owner (`OwnerGrant`), or they hold
+  `runs.act_for_any_owner` (service accounts, the support desk). A system trigger (a schedule, a
+  webhook event) has no actor: its owner was fixed by staff when they saved it, under this rule.
+- **On a run.** Replaying or cancelling one's own run (`created_by` is the actor) needs no
+  permission; someone else's needs `runs.replay_agentrun` / `runs.cancel_agentrun`. Forcing
+  needs `runs.force_replay_agentrun` on top (`runs.services.check_force`). A replay starts a run
+  for the original's owner, so without `runs.replay_agentrun` replaying one's own run also asks
+  the owner rule again (a grant taken back stops replays too); a holder of it replays any run
+  for the owner the original's starter was allowed.
+- A run the actor cannot see answers 404 before any of this.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memory.refusals import ScopeNotVisible
+from runs import visibility
+from runs.models import AgentRun, OwnerGrant
+from runs.refusals import CancelNotPermitted, OwnerNotPermitted, ReplayNotPermitted, RunNotFound
+
+ACT_FOR_ANY_OWNER = "runs.act_for_any_owner"
+REPLAY_OTHERS = "runs.replay_agentrun"
+CANCEL_OTHERS = "runs.cancel_agentrun"
+RESOLVE_EVENTS = "runs.resolve_webhookevent"
+
+
+def _is_person(user: Any) -> bool:
+    return bool(user is not None and getattr(user, "is_authenticated", False) and getattr(user, "is_active", False))
+
+
+# --- For an owner ---------------------------------------------------------------------------------
+
+
+def may_act_for_any_owner(*, user: Any) -> bool:
+    return _is_person(user) and user.has_perm(ACT_FOR_ANY_OWNER)
+
+
+def may_act_for_owner(*, user: Any, owner_id: str) -> bool:
+    """May `user` start runs, chat turns and read memory for `owner_id` (a cleaned owner id)?"""
+    if not _is_person(user) or not isinstance(owner_id, str) or not owner_id:
+        return False
+    if owner_id == user.get_username() or user.has_perm(ACT_FOR_ANY_OWNER):
+        return True
+    return OwnerGrant.objects.filter(user=user, owner_id=owner_id).exists()
+
+
+def check_may_act_for_owner(*, user: Any, owner_id: str) -> None:
+    if not may_act_for_owner(user=user, owner_id=owner_id):
+        raise OwnerNotPermitted(owner_id)
+
+
+def check_may_read_memory(*, user: Any, agent: str, owner_id: str) -> None:
+    """An owner's memories are read under the owner rule; refused as if the scope did not exist."""
+    if not may_act_for_owner(user=user, owner_id=owner_id):
+        # The same answer whether the scope is empty, unknown or someone else's.
+        raise ScopeNotVisible(f"No memories of agent {agent!r} for owner {owner_id!r} are visible to you.")
+
+
+# --- On a run -------------------------------------------------------------------------------------
+
+
+def is_own_run(*, actor: Any, run: AgentRun) -> bool:
+    return _is_person(actor) and run.created_by_id is not None and run.created_by_id == actor.pk
+
+
+def may_replay_others(*, user: Any) -> bool:
+    return _is_person(user) and user.has_perm(REPLAY_OTHERS)
+
+
+def may_cancel_others(*, user: Any) -> bool:
+    return _is_person(user) and user.has_perm(CANCEL_OTHERS)
+
+
+def may_resolve_events(*, user: Any) -> bool:
+    return _is_person(user) and user.has_perm(RESOLVE_EVENTS)
+
+
+def has_own_runs(*, user: Any) -> bool:
+    """Whether `user` started any run: they may replay or cancel those without a permission."""
+    return _is_person(user) and AgentRun.objects.filter(created_by=user).exists()
+
+
+def _check_visible(*, actor: Any, run: AgentRun) -> None:
+    if not _is_person(actor) or not (visibility.can_see_every_run(actor) or run.created_by_id == actor.pk):
+        raise RunNotFound(run.run_id)
+
+
+def check_may_replay(*, actor: Any, run: AgentRun) -> None:
+    """Raises RunNotFound (cannot see it), ReplayNotPermitted (someone else's) or OwnerNotPermitted.
+
+    OwnerNotPermitted: the actor's own run, for an owner they may no longer act for.
+    """
+    _check_visible(actor=actor, run=run)
+    if may_replay_others(user=actor):
+        return
+    if not is_own_run(actor=actor, run=run):
+        raise ReplayNotPermitted(run.run_id)
+    check_may_act_for_owner(user=actor, owner_id=run.owner_id)
+
+
+def check_may_cancel(*, actor: Any, run: AgentRun) -> None:
+    """Raises RunNotFound (cannot see it) or CancelNotPermitted (someone else's, without the permission)."""
+    _check_visible(actor=actor, run=run)
+    if not is_own_run(actor=actor, run=run) and not may_cancel_others(user=actor):
+        raise CancelNotPermitted(run.run_id)
