@@ -417,6 +417,7 @@ def source_form(**fields) -> dict:
         "slug": "forms", "name": "Contact form", "enabled": "on", "agent_name": "support", "owner_id": "alice",
         "instructions": "Someone filled in the contact form.", "params": "{}",
         "new_secret": "a-long-shared-secret-0001", "message_id_header": "", "message_id_field": "submission.id",
+        "signature_scheme": "timestamped",
     }
     data.update(fields)
     return data

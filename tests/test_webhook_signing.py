@@ -376,7 +376,7 @@ def test_the_admin_shows_and_validates_the_scheme(admin_client):
 
 
 def test_the_migration_keeps_body_field_sources_on_body_and_moves_header_sources_to_timestamped():
-    before, after = [("runs", "0008_tooleffect")], [("runs", "0010_webhook_signature_scheme")]
+    before, after = [("runs", "0009_owner_rule")], [("runs", "0010_webhook_signature_scheme")]
     executor = MigrationExecutor(connection)
     leaves = executor.loader.graph.leaf_nodes()
     try:

@@ -16,7 +16,7 @@ def keep_body_signatures_where_the_body_holds_the_id(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0008_tooleffect'),
+        ('runs', '0009_owner_rule'),
     ]
 
     operations = [
