@@ -4,13 +4,13 @@ add/change/delete permission (staff who edit them in the admin). Every write goe
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.exceptions import NotFound
 from rest_framework.permissions import DjangoModelPermissions, IsAuthenticated
 from rest_framework.response import Response
 
-from agents import services
+from agents import services, workflows
 from agents.demo import DEMO_WORKFLOW
 from agents.models import WorkflowDefinition
 from config.lib.api_errors import errors
@@ -18,7 +18,7 @@ from config.lib.serializers import StrictCharField, StrictSerializer
 
 
 class WorkflowSerializer(serializers.ModelSerializer):
-    updated_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    updated_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
 
     class Meta:
         model = WorkflowDefinition
@@ -26,16 +26,52 @@ class WorkflowSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+# The graph's shape as agents.workflows.validate_graph reads it. What no schema can say (chains
+# name steps that exist, no cycles, one end, joins where branches meet) is refused with a 400
+# naming the problem.
+GRAPH_SCHEMA = {
+    "type": "object",
+    "required": ["steps", "chains"],
+    "additionalProperties": False,
+    "properties": {
+        "steps": {
+            "type": "object",
+            "minProperties": 1,
+            "maxProperties": workflows.MAX_STEPS,
+            "additionalProperties": {"type": "object", "minProperties": 1},
+            "description": "Step name → one of {agent}, {function}, {join: true} or {workflow}, with optional retry "
+                           "and timeout.",
+        },
+        "chains": {
+            "type": "array",
+            "minItems": 1,
+            "items": {"type": "array", "minItems": 2, "items": {"anyOf": [
+                {"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}},
+            ]}},
+            "description": 'Each begins at "START" or a step; a list inside a chain is a fan-out.',
+        },
+    },
+}
+
+
+@extend_schema_field(GRAPH_SCHEMA)
+class GraphField(serializers.JSONField):
+    pass
+
+
 class WorkflowWriteSerializer(StrictSerializer):
-    name = StrictCharField(trim_whitespace=False, help_text="Letters, digits and underscores.")
+    name = StrictCharField(
+        trim_whitespace=False, help_text="Letters, digits and underscores, starting with a letter.",
+        schema={"pattern": r"^[A-Za-z][A-Za-z0-9_]*$", "maxLength": workflows.MAX_NAME_CHARS},
+    )
     description = StrictCharField(required=False, default="", allow_blank=True)
-    graph = serializers.JSONField(help_text='{"steps": {...}, "chains": [["START", ...]]}; see the README.')
+    graph = GraphField(help_text='{"steps": {...}, "chains": [["START", ...]]}; see the README.')
 
 
 @extend_schema_view(
-    list=extend_schema(summary="List workflow definitions", responses={200: WorkflowSerializer(many=True)}),
-    retrieve=extend_schema(summary="One workflow definition", responses={200: WorkflowSerializer, **errors(404)}),
-    destroy=extend_schema(summary="Delete a workflow definition", responses={204: None, **errors(403, 404)}),
+    list=extend_schema(summary="List workflow definitions", responses={200: WorkflowSerializer(many=True), **errors(401)}),
+    retrieve=extend_schema(summary="One workflow definition", responses={200: WorkflowSerializer, **errors(401, 404)}),
+    destroy=extend_schema(summary="Delete a workflow definition", responses={204: None, **errors(401, 403, 404)}),
 )
 class WorkflowViewSet(
     mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet
@@ -65,8 +101,8 @@ class WorkflowViewSet(
         summary="Create a workflow definition",
         description="400 with `errors.graph` naming each problem: unknown agents, functions or workflows, "
         "cycles, dangling joins, an empty graph…",
-        request=WorkflowWriteSerializer,
-        responses={201: WorkflowSerializer, **errors(400, 403)},
+        request={"application/json": WorkflowWriteSerializer},
+        responses={201: WorkflowSerializer, **errors(400, 401, 403, 413, 415)},
         examples=[OpenApiExample("Fan-out and join", value=DEMO_WORKFLOW, request_only=True)],
     )
     def create(self, request, *args, **kwargs):
@@ -75,8 +111,8 @@ class WorkflowViewSet(
 
     @extend_schema(
         summary="Replace a workflow definition",
-        request=WorkflowWriteSerializer,
-        responses={200: WorkflowSerializer, **errors(400, 403, 404)},
+        request={"application/json": WorkflowWriteSerializer},
+        responses={200: WorkflowSerializer, **errors(400, 401, 403, 404, 413, 415)},
     )
     def update(self, request, *args, **kwargs):
         definition = self._write(request, self.get_object())
@@ -129,8 +165,8 @@ class AgentSerializer(serializers.Serializer):
 
 
 @extend_schema_view(
-    list=extend_schema(summary="List the loaded agents", responses={200: AgentSerializer(many=True)}),
-    retrieve=extend_schema(summary="One loaded agent", responses={200: AgentSerializer, **errors(404)}),
+    list=extend_schema(summary="List the loaded agents", responses={200: AgentSerializer(many=True), **errors(401)}),
+    retrieve=extend_schema(summary="One loaded agent", responses={200: AgentSerializer, **errors(401, 404)}),
 )
 class AgentViewSet(viewsets.ViewSet):
     """The agent packages of AGENTS_DIR, those that failed to load included (with their error)."""

@@ -18,7 +18,7 @@ from google.adk.apps import App
 
 from agents.loading import TRANSFER_TOOL, AgentNode, AgentSpec, ToolInfo, describe, load_agents
 from agents.run_tree import build_run_tree, run_scripts, uses_scripted_model
-from agents.scripted import ScriptError, validate_script
+from agents.scripted import ScriptError, refuse_repeated_call_ids, validate_script
 
 __all__ = [
     "AGENTS",
@@ -162,6 +162,10 @@ def validate_params(spec: AgentSpec, params: dict) -> None:
                 validate_agent_script(node, script)
             except ScriptError as exc:
                 raise ScriptError(f"params.scripts.{agent_name}: {exc}") from None
+    scripts = {"params.script": params.get("script")}
+    if isinstance(params.get("scripts"), dict):
+        scripts.update({f"params.scripts.{name}": script for name, script in params["scripts"].items()})
+    refuse_repeated_call_ids(scripts)
 
 
 # --- Building a run's tree ----------------------------------------------------------------------

@@ -42,6 +42,8 @@ CRASH_POINTS = {"before_effect", "after_effect"}
 # ADK's tool for handing the conversation to another agent; a call step to it is a transfer.
 TRANSFER_TOOL = "transfer_to_agent"
 MAX_SCRIPT_STEPS = 500
+# The journal's column for a call id (runs.models.ToolCall.call_id).
+MAX_CALL_ID_CHARS = 128
 
 
 class ScriptError(ValueError):
@@ -115,6 +117,8 @@ def _validate_call(
     _validate_latency(step, where)
     if "id" in step and (not isinstance(step["id"], str) or not step["id"]):
         raise ScriptError(f"{where}: \"id\" must be a non-empty string.")
+    if "id" in step and len(step["id"]) > MAX_CALL_ID_CHARS:
+        raise ScriptError(f"{where}: \"id\" is longer than {MAX_CALL_ID_CHARS} characters.")
     present_faults = FAULT_KEYS & set(step)
     if present_faults and not faults_enabled:
         raise ScriptError(
@@ -179,7 +183,40 @@ def validate_script(
                 raise ScriptError(f"{where}: an empty-turn step is {{\"empty\": true}}.")
         else:
             raise ScriptError(f"{where}: expected one of call, say, fail or empty.")
+    refuse_repeated_call_ids({"": script})
     return script
+
+
+def explicit_call_ids(script: list) -> list[tuple[str, int]]:
+    """The call ids a script gives explicitly, with the step (from 1) that gives each."""
+    found = []
+    for index, step in enumerate(script, start=1):
+        for call in step if isinstance(step, list) else [step]:
+            if isinstance(call, dict) and isinstance(call.get("id"), str):
+                found.append((call["id"], index))
+    return found
+
+
+def refuse_repeated_call_ids(scripts: dict[str, list]) -> None:
+    """Raise ScriptError naming the steps if an explicit call id repeats within one run's scripts.
+
+    The journal keeps one row per (run, call id): a second call with the same id could only be
+    refused when it is made, after the run had started. `scripts` maps a label ("" for a lone
+    script, else e.g. "params.scripts.billing") to its steps.
+    """
+    seen: dict[str, list[str]] = {}
+    for label, script in scripts.items():
+        if not isinstance(script, list):
+            continue
+        for call_id, index in explicit_call_ids(script):
+            seen.setdefault(call_id, []).append(f"{label}: step {index}" if label else f"step {index}")
+    repeated = {call_id: where for call_id, where in seen.items() if len(where) > 1}
+    if repeated:
+        raise ScriptError(
+            "Each call id must be unique in a run: "
+            + "; ".join(f"{', '.join(where)} use the id {call_id!r}" for call_id, where in repeated.items())
+            + "."
+        )
 
 
 def _usage(llm_request: LlmRequest) -> types.GenerateContentResponseUsageMetadata:
@@ -216,7 +253,8 @@ class ScriptedLlm(BaseLlm):
 
     @staticmethod
     def _call_part(step: dict) -> types.Part:
-        call_id = step.get("id") or f"call-{uuid.uuid4().hex[:12]}"
+        # A full uuid4: the journal keeps one row per (run, call id), so ids must never collide.
+        call_id = step.get("id") or f"call-{uuid.uuid4().hex}"
         fault = {key: step[key] for key in FAULT_KEYS if key in step}
         if fault:
             faults.arm(call_id, fault)

@@ -48,7 +48,7 @@ from agents.registry import (
     uses_scripted_model,
     validate_agent_script,
 )
-from agents.scripted import ScriptError
+from agents.scripted import ScriptError, refuse_repeated_call_ids
 
 START_NAME = "START"
 MAX_STEPS = 50
@@ -483,6 +483,7 @@ def validate_workflow_params(snap: dict, params: dict, *, faults_enabled: bool) 
             validate_agent_script(used[agent_name], script, faults_enabled=faults_enabled)
         except ScriptError as exc:
             raise ScriptError(f"params.scripts.{agent_name}: {exc}") from None
+    refuse_repeated_call_ids({f"params.scripts.{name}": script for name, script in scripts.items()})
 
 
 # --- Compiling to ADK ----------------------------------------------------------------------------

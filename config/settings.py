@@ -463,6 +463,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # The chat turn streams (text/event-stream) from a plain async view, which DRF cannot describe.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "runs.api.chat.add_chat_to_schema",
+    ],
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "runs.models.RunStatus",
         "ToolCallStatusEnum": "runs.models.ToolCallStatus",

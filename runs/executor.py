@@ -44,7 +44,7 @@ from runs import lifecycle, telemetry
 from runs.counters import MODEL_RETRIES
 from runs.effects import EffectsPlugin, effect_in_doubt_of
 from runs.heartbeat import process_heartbeat
-from runs.journal import JournalPlugin
+from runs.journal import JournalPlugin, duplicate_call_of
 from runs.models import AgentRun, RunStatus
 from runs.steps import RunStepRecorder, output_text
 
@@ -140,6 +140,9 @@ def describe_exception(exc: BaseException, plugin: JournalPlugin, retries: Retry
     in_doubt = effect_in_doubt_of(exc)
     if in_doubt is not None:
         return Outcome(RunStatus.ERROR, "effect_in_doubt", str(in_doubt))
+    duplicate = duplicate_call_of(exc)
+    if duplicate is not None:
+        return Outcome(RunStatus.ERROR, "duplicate_call_id", str(duplicate))
     tool_error = next((e for e in plugin.tool_errors.values() if e is exc), None)
     if tool_error is not None:
         return Outcome(RunStatus.ERROR, "tool_failed", f"A tool failed: {type(exc).__name__}: {exc}")

@@ -44,8 +44,9 @@ SUMMARY_MAX_CHARS = 500
 ABORTED_RESPONSE = "Invocation was aborted by client."
 
 _INSERT_CALL = text(
-    # seq continues the run's journal; the unique (run, call_id) constraint makes a redelivered
-    # event a no-op. The WHERE clause also keeps SQLite's parser from reading ON CONFLICT as a join.
+    # seq continues the run's journal. A conflict inserts nothing and is told apart below (a seq
+    # taken by a concurrent branch, or a call id the run already used); it is never let pass
+    # silently. The WHERE clause also keeps SQLite's parser from reading ON CONFLICT as a join.
     "INSERT INTO tool_calls (run_id, seq, call_id, tool_name, agent_name, args, status, called_at, response_summary, "
     "effect, effect_key, settled_outcome, settle_note) "
     "SELECT :run_id, COALESCE(MAX(seq), 0) + 1, :call_id, :tool_name, :agent_name, :args, :status, :called_at, '', "
@@ -53,6 +54,37 @@ _INSERT_CALL = text(
     "FROM tool_calls WHERE run_id = :run_id "
     "ON CONFLICT DO NOTHING"
 )
+_CALL_ID_TAKEN = text("SELECT tool_name FROM tool_calls WHERE run_id = :run_id AND call_id = :call_id")
+# Attempts at a free seq when concurrent branches of one run journal at the same moment.
+SEQ_ATTEMPTS = 5
+
+
+class DuplicateCallId(RuntimeError):
+    """A function call reuses a call id its run already journaled.
+
+    The journal keeps one row per (run, call id); dropping the second call would hide a tool that
+    ran, so its event is refused instead (its transaction rolls back and the tool never starts).
+    """
+
+    def __init__(self, call_id: str, tool_name: str, taken_by: str):
+        self.call_id = call_id
+        super().__init__(
+            f"The call {call_id!r} to {tool_name} reuses the id of an earlier call to {taken_by} in this run; "
+            "it was refused before its tool started (call ids must be unique in a run)."
+        )
+
+
+def duplicate_call_of(exc: BaseException | None) -> DuplicateCallId | None:
+    """The DuplicateCallId behind an error (ADK and SQLAlchemy may wrap it), if there is one."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, DuplicateCallId):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 _ANSWER_CALL = text(
     # A call answered from its effect record (or refused by it) keeps saying so.
     "UPDATE tool_calls SET status = CASE WHEN status IN ('deduplicated', 'refused') THEN status ELSE :status END, "
@@ -137,19 +169,25 @@ def _journal_with_the_event(mapper, connection, target: StorageEvent) -> None:
         return
     run_value = _db_value("run", run_id)
     for call in calls:
-        connection.execute(
-            _INSERT_CALL,
-            {
-                "run_id": run_value,
-                "call_id": call["call_id"],
-                "tool_name": call["tool_name"],
-                "agent_name": call["agent_name"],
-                "args": _db_value("args", call["args"]),
-                "status": ToolCallStatus.CALLED.value,
-                "called_at": _db_value("called_at", call["called_at"]),
-                "effect": call["effect"],
-            },
-        )
+        row = {
+            "run_id": run_value,
+            "call_id": call["call_id"],
+            "tool_name": call["tool_name"],
+            "agent_name": call["agent_name"],
+            "args": _db_value("args", call["args"]),
+            "status": ToolCallStatus.CALLED.value,
+            "called_at": _db_value("called_at", call["called_at"]),
+            "effect": call["effect"],
+        }
+        for _attempt in range(SEQ_ATTEMPTS):
+            if connection.execute(_INSERT_CALL, row).rowcount:
+                break
+            taken = connection.execute(_CALL_ID_TAKEN, {"run_id": run_value, "call_id": call["call_id"]}).first()
+            if taken is not None:
+                raise DuplicateCallId(call["call_id"], call["tool_name"], taken[0])
+        else:
+            raise DatabaseError(f"The call {call['call_id']!r} could not be journaled: no free seq after "
+                                f"{SEQ_ATTEMPTS} attempts.")
     for answer in answers:
         connection.execute(
             _ANSWER_CALL,
@@ -177,8 +215,9 @@ def journal_outside_the_session(event_data: dict) -> None:
         for _attempt in range(5):
             try:
                 with transaction.atomic():
-                    if ToolCall.objects.filter(run_id=run_id, call_id=call["call_id"]).exists():
-                        break
+                    taken = ToolCall.objects.filter(run_id=run_id, call_id=call["call_id"]).first()
+                    if taken is not None:
+                        raise DuplicateCallId(call["call_id"], call["tool_name"], taken.tool_name)
                     last = ToolCall.objects.filter(run_id=run_id).aggregate(last=Max("seq"))["last"] or 0
                     ToolCall.objects.create(run_id=run_id, seq=last + 1, status=ToolCallStatus.CALLED, **call)
                 break

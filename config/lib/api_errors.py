@@ -132,6 +132,7 @@ ERRORS = {
     410: OpenApiResponse(ErrorSerializer, description="The run's stored input file is gone."),
     413: OpenApiResponse(ErrorSerializer, description="The request body is too large."),
     415: OpenApiResponse(ErrorSerializer, description="Send JSON (or multipart to attach a file)."),
+    429: OpenApiResponse(ErrorSerializer, description="Too many requests, or too much work in flight; see Retry-After."),
 }
 
 

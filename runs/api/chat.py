@@ -166,6 +166,60 @@ async def chat_turn(request: HttpRequest):
     return ChatStream(turn)
 
 
+def add_chat_to_schema(result: dict, generator, request, public) -> dict:
+    """drf-spectacular postprocessing hook: the chat turn, which is not a DRF view, in the schema."""
+    error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    described = {
+        400: "Bad input (agent, owner_id, message, conversation_id, params).",
+        401: "No or bad credentials.",
+        403: "Not allowed (e.g. a session without its CSRF token).",
+        404: "No such conversation, or not one you can see.",
+        405: "Only POST.",
+        409: "The conversation has a turn in flight.",
+        413: "The request body is too large.",
+        429: "Too many chat turns, or too many streams open; see Retry-After.",
+    }
+    text = {"type": "string", "minLength": 1}
+    result["components"]["schemas"]["ChatTurnRequest"] = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["agent", "owner_id", "message"],
+        "properties": {
+            "agent": {**text, "description": "A registered agent or a workflow's name."},
+            "owner_id": {**text, "description": "The end user the conversation is with."},
+            "message": {**text, "description": "What the user says."},
+            "conversation_id": {"type": "string", "format": "uuid", "description": "Continue this conversation."},
+            "params": {"type": "object", "description": "Run parameters, as for POST /api/runs/."},
+        },
+    }
+    result["paths"]["/api/chat/"] = {
+        "post": {
+            "operationId": "chat_turn",
+            "summary": "One chat turn, streamed as server-sent events",
+            "description": "`event: run` (the run, conversation and session ids), one `event: adk` per ADK event "
+                           "(JSON), then `event: done` (the settled run). `: keepalive` comments keep an idle "
+                           "stream open. Refusals before the stream are JSON errors.",
+            "tags": ["chat"],
+            "requestBody": {"required": True, "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/ChatTurnRequest"}}
+            }},
+            "security": [{"tokenAuth": []}, {"cookieAuth": []}],
+            "responses": {
+                "200": {
+                    "description": "The turn's events, as they happen.",
+                    "headers": {
+                        "X-Run-Id": {"schema": {"type": "string", "format": "uuid"}, "description": "The turn's run."},
+                        "X-Conversation-Id": {"schema": {"type": "string"}, "description": "Its conversation."},
+                    },
+                    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                },
+                **{str(status): {"description": description, "content": error} for status, description in described.items()},
+            },
+        }
+    }
+    return result
+
+
 def _settle_if_written(future: asyncio.Future) -> None:
     if not future.cancelled() and future.exception() is None:
         chat.start_abandoned(future.result())

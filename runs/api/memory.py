@@ -5,12 +5,15 @@ Errors answer `{"code": ..., "detail": ...}` like the rest of the API.
 
 from __future__ import annotations
 
+from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from agents.registry import runnable_agents
 from config.lib.api_errors import ErrorSerializer
+from config.lib.serializers import PRINTABLE
 from memory import services
 from memory.models import MemoryEntry
 from runs import permissions
@@ -26,18 +29,36 @@ class MemorySerializer(serializers.ModelSerializer):
 
 
 
+OWNER = {"type": "string", "minLength": 1, "maxLength": services.MAX_SCOPE_CHARS, "format": PRINTABLE}
+
+
+class MemorySearchSchema(AutoSchema):
+    """The query parameters as clean_scope, clean_query and clean_limit read them; the agents are
+    those loaded when the schema is generated."""
+
+    def get_override_parameters(self):
+        agents = runnable_agents()
+        return [
+            OpenApiParameter("agent", {"type": "string", "enum": agents} if agents else OWNER, required=True,
+                             description="A registered agent, e.g. support."),
+            OpenApiParameter("owner_id", OWNER, required=True, description="The end user the memories belong to."),
+            OpenApiParameter(
+                "q", {"type": "string", "maxLength": services.MAX_QUERY_CHARS, "pattern": r"[^\W_]"}, required=True,
+                description="Words to search for; ranked by relevance (very common words such as 'the' are not).",
+            ),
+            OpenApiParameter(
+                "limit", {"type": "integer", "minimum": 1, "maximum": services.MAX_RESULTS}, required=False,
+                description=f"At most this many (1–{services.MAX_RESULTS}).",
+            ),
+        ]
+
+
 class MemorySearchView(APIView):
+    schema = MemorySearchSchema()
+
     @extend_schema(
         operation_id="memory_search",
         summary="Search one owner's long-term memories of one agent",
-        parameters=[
-            OpenApiParameter("agent", str, required=True, description="A registered agent, e.g. support."),
-            OpenApiParameter("owner_id", str, required=True, description="The end user the memories belong to."),
-            OpenApiParameter("q", str, required=True, description="Words to search for; ranked by relevance."),
-            OpenApiParameter(
-                "limit", int, required=False, description=f"At most this many (1–{services.MAX_RESULTS})."
-            ),
-        ],
         responses={
             200: inline_serializer(
                 name="MemorySearch",
@@ -49,6 +70,7 @@ class MemorySearchView(APIView):
                 },
             ),
             400: OpenApiResponse(ErrorSerializer, description="missing_scope, unknown_agent, empty_query, invalid_limit"),
+            401: OpenApiResponse(ErrorSerializer, description="No or bad credentials."),
             404: OpenApiResponse(
                 ErrorSerializer, description="Not a scope the caller may read: the owner is not theirs to act for."
             ),

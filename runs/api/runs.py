@@ -24,10 +24,13 @@ from runs.api.serializers import (
     RunDetailSerializer,
     RunEventsSerializer,
     RunSerializer,
+    RunUploadSerializer,
     SettleRequestSerializer,
     ToolCallSerializer,
 )
 from runs.models import AgentRun, RunStatus, RunStep, ToolCall, Trigger
+
+CURSOR_FORMAT = "cursor"
 
 
 class RunCursorPagination(CursorPagination):
@@ -44,6 +47,27 @@ class RunCursorPagination(CursorPagination):
             if isinstance(exc, NotFound):
                 raise InvalidCursor() from None
             raise
+
+    def get_page_size(self, request):
+        # A page size the API cannot honour is refused, not silently replaced by the default.
+        given = request.query_params.get(self.page_size_query_param)
+        if given is None:
+            return self.page_size
+        if not given.isascii() or not given.isdigit() or not 1 <= int(given) <= self.max_page_size:
+            raise ValidationError({self.page_size_query_param: [
+                f"{given!r} is not a whole number from 1 to {self.max_page_size}."
+            ]})
+        return int(given)
+
+    def get_schema_operation_parameters(self, view):
+        parameters = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            if parameter["name"] == self.page_size_query_param:
+                parameter["schema"].update(minimum=1, maximum=self.max_page_size)
+            if parameter["name"] == self.cursor_query_param:
+                # Opaque: only the `next`/`previous` links of a page this API answered.
+                parameter["schema"]["format"] = CURSOR_FORMAT
+        return parameters
 
 
 LIST_FILTERS = [
@@ -141,8 +165,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             "for the scripted model. 403 `owner_not_permitted` unless `owner_id` is the caller's own username, "
             "an owner an admin granted them, or the caller holds runs.act_for_any_owner."
         ),
-        request={"application/json": RunCreateSerializer, "multipart/form-data": RunCreateSerializer},
-        responses={202: RunSerializer, **errors(400, 401, 403, 413, 415)},
+        request={"application/json": RunCreateSerializer, "multipart/form-data": RunUploadSerializer},
+        responses={202: RunSerializer, **errors(400, 401, 403, 413, 415, 429)},
         examples=[
             OpenApiExample(
                 "Scripted",
@@ -154,7 +178,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         ],
     )
     def create(self, request, *args, **kwargs):
-        serializer = RunCreateSerializer(data=request.data, context=self.get_serializer_context())
+        form = RunUploadSerializer if request.content_type.startswith("multipart/") else RunCreateSerializer
+        serializer = form(data=request.data, context=self.get_serializer_context())
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         upload = data.get("file")
@@ -181,8 +206,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             "400). `effects` (with force): `reuse` (default) serves effects recorded as done from their records, "
             "`redo` does them again; the choice is recorded on the new run."
         ),
-        request=ReplayRequestSerializer,
-        responses={202: RunSerializer, **errors(400, 401, 403, 404, 409, 410, 415)},
+        request={"application/json": ReplayRequestSerializer},
+        responses={202: RunSerializer, **errors(400, 401, 403, 404, 409, 410, 413, 415, 429)},
         examples=[
             OpenApiExample("Replay", value={"force": False, "reason": ""}, request_only=True),
             OpenApiExample("Force", value={"force": True, "reason": "The run failed after its email; finish it.",
@@ -221,8 +246,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             "permission runs.settle_toolcall (else 403); 400 without a note; 409 `not_in_doubt`; 404 for a run "
             "you cannot see or a call it does not have. The run's recorded outcome is never changed."
         ),
-        request=SettleRequestSerializer,
-        responses={200: ToolCallSerializer, **errors(400, 401, 403, 404, 409, 415)},
+        request={"application/json": SettleRequestSerializer},
+        responses={200: ToolCallSerializer, **errors(400, 401, 403, 404, 409, 413, 415)},
         examples=[
             OpenApiExample("Done", value={"outcome": "done", "note": "The outbox shows the email to Jane."},
                            request_only=True),
@@ -249,8 +274,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             "the run settles as `cancelled`. 409 `run_settled` if it has already finished. Someone else's run "
             "needs the permission runs.cancel_agentrun (else 403 `cancel_not_permitted`)."
         ),
-        request=EmptySerializer,
-        responses={202: RunSerializer, **errors(400, 401, 403, 404, 409, 415)},
+        request={"application/json": EmptySerializer},
+        responses={202: RunSerializer, **errors(400, 401, 403, 404, 409, 413, 415)},
     )
     @action(detail=True, methods=["post"])
     def cancel(self, request, run_id=None):

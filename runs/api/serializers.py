@@ -2,21 +2,52 @@
 
 from __future__ import annotations
 
-from drf_spectacular.types import OpenApiTypes
+from django.conf import settings
+from django.db import DatabaseError
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from agents.models import WorkflowDefinition
+from agents.registry import runnable_agents
 from config.lib import safe_json
-from config.lib.serializers import StrictBooleanField, StrictCharField, StrictSerializer
-from config.lib.user_params import scripts_refusal
+from config.lib.serializers import (
+    NOT_BLANK_TEXT,
+    PRINTABLE,
+    SOME_WORD,
+    StrictBooleanField,
+    StrictCharField,
+    StrictSerializer,
+)
+from config.lib.user_params import SCRIPT_KEYS, scripts_refusal
 from runs import replay as rules
 from runs.effects import MAX_NOTE_CHARS
 from runs.models import AgentRun, EffectsChoice, RunStep, SettledOutcome, ToolCall
-from runs.services import MAX_FORCE_REASON_CHARS
+from runs.services import MAX_FORCE_REASON_CHARS, MAX_OWNER_ID_CHARS
+
+# A schema no value satisfies: a choice among no names.
+NOTHING = {"not": {}}
 
 
-@extend_schema_field(OpenApiTypes.OBJECT)
+def workflow_names() -> list[str]:
+    try:
+        return sorted(WorkflowDefinition.objects.values_list("name", flat=True))
+    except DatabaseError:  # `manage.py spectacular` on a database not migrated yet: none exist
+        return []
+
+
+def one_of_names(names: list[str]) -> dict:
+    return {"enum": names} if names else NOTHING
+
+
+def params_schema() -> dict:
+    """A JSON object; where API users may not send scripts, one without them."""
+    schema: dict = {"type": "object"}
+    if not settings.SCRIPTS_FROM_USERS_ALLOWED:
+        schema["not"] = {"anyOf": [{"required": [key]} for key in SCRIPT_KEYS]}
+    return schema
+
+
 class ParamsField(serializers.Field):
     """A JSON object; in a multipart form it arrives as a JSON string."""
 
@@ -40,25 +71,51 @@ class ParamsField(serializers.Field):
         return value
 
 
+class ParamsFieldSchema(OpenApiSerializerFieldExtension):
+    target_class = ParamsField
+
+    def map_serializer_field(self, auto_schema, direction):
+        return params_schema()
+
+
+class UploadParamsField(ParamsField):
+    """`params` in a multipart form."""
+
+
+class UploadParamsFieldSchema(OpenApiSerializerFieldExtension):
+    # Said in words rather than with `not`: fuzzers cannot check a `not` beside a file's bytes.
+    target_class = UploadParamsField
+
+    def map_serializer_field(self, auto_schema, direction):
+        return {"type": "object"}
+
+
 # --- Input -----------------------------------------------------------------------------------------
 
 
 class RunCreateSerializer(StrictSerializer):
+    # The names that exist when the schema is read: a loaded agent or a stored workflow.
     agent = StrictCharField(
         required=False, trim_whitespace=False,
         help_text="A registered agent (e.g. support) or a workflow's name.",
+        schema=lambda: one_of_names(runnable_agents() + workflow_names()),
     )
     workflow = StrictCharField(
         required=False, trim_whitespace=False,
         help_text="A workflow's name; the same as passing it as `agent`. Give one of agent and workflow.",
+        schema=lambda: one_of_names(workflow_names()),
     )
-    message = StrictCharField(help_text="What the agent should do.", allow_blank=True, trim_whitespace=False)
-    owner_id = StrictCharField(help_text="The end user the run acts for.", allow_blank=True, trim_whitespace=False)
+    message = StrictCharField(
+        help_text="What the agent should do.", allow_blank=True, trim_whitespace=False,
+        schema=lambda: {"pattern": NOT_BLANK_TEXT, "maxLength": settings.MAX_MESSAGE_CHARS},
+    )
+    owner_id = StrictCharField(
+        help_text="The end user the run acts for.", allow_blank=True, trim_whitespace=False,
+        schema={"minLength": 1, "maxLength": MAX_OWNER_ID_CHARS, "format": PRINTABLE},
+    )
     params = ParamsField(required=False, help_text="Run parameters, e.g. a scripted model's `script`.")
-    file = serializers.FileField(
-        required=False, allow_empty_file=True, use_url=False,
-        help_text="An input file (multipart only); a copy is kept with the run.",
-    )
+
+    schema_extra = {"oneOf": [{"required": ["agent"]}, {"required": ["workflow"]}]}
 
     def validate(self, attrs):
         given = [name for name in ("agent", "workflow") if name in attrs]
@@ -81,7 +138,40 @@ class RunCreateSerializer(StrictSerializer):
         return attrs
 
 
+class RunUploadSerializer(RunCreateSerializer):
+    """A run started from a multipart form (to attach a file): the agent or workflow is `agent`."""
+
+    agent = StrictCharField(
+        trim_whitespace=False, help_text="A registered agent (e.g. support) or a workflow's name.",
+        schema=lambda: one_of_names(runnable_agents() + workflow_names()),
+    )
+    workflow = None
+    params = UploadParamsField(
+        required=False,
+        help_text="Run parameters as a JSON object; script and scripts only where SCRIPTS_FROM_USERS_ALLOWED is on.",
+    )
+    file = serializers.FileField(
+        required=False, allow_empty_file=True, use_url=False, help_text="An input file; a copy is kept with the run."
+    )
+    schema_extra = None
+
+
 class ReplayRequestSerializer(StrictSerializer):
+    # A replay is plain (effects reused) or forced with a reason; redo is only for a forced one.
+    # (Each enum sits in an allOf so the schema's enum components, named by property, keep apart.)
+    schema_extra = {
+        "oneOf": [
+            {"properties": {
+                "force": {"allOf": [{"enum": [False]}]},
+                "effects": {"allOf": [{"enum": [EffectsChoice.REUSE.value]}]},
+            }},
+            {
+                "required": ["force", "reason"],
+                "properties": {"force": {"allOf": [{"enum": [True]}]}, "reason": {"pattern": SOME_WORD}},
+            },
+        ]
+    }
+
     force = StrictBooleanField(required=False, default=False, help_text="Override a refusal (needs the permission).")
     reason = StrictCharField(
         required=False, default="", allow_blank=True, max_length=MAX_FORCE_REASON_CHARS,
@@ -100,14 +190,15 @@ class SettleRequestSerializer(StrictSerializer):
         choices=SettledOutcome.choices, help_text="done: the call acted; not_done: it did not."
     )
     note = StrictCharField(
-        allow_blank=True, max_length=MAX_NOTE_CHARS, trim_whitespace=False,
+        allow_blank=True, max_length=MAX_NOTE_CHARS, trim_whitespace=False, schema={"pattern": SOME_WORD},
         help_text="How you know (required), e.g. what the outbox shows.",
     )
 
 
 # --- Output ----------------------------------------------------------------------------------------
 
-_username = {"slug_field": "username", "read_only": True}
+# Who did it; null when nobody did (or the run was started by a schedule, a webhook, a command).
+_username = {"slug_field": "username", "read_only": True, "allow_null": True}
 
 
 class RunSerializer(serializers.ModelSerializer):
@@ -134,6 +225,9 @@ class ToolCallSerializer(serializers.ModelSerializer):
     in_doubt = serializers.BooleanField(read_only=True, help_text="Called, never answered, and the run is over.")
     effect = serializers.SerializerMethodField(help_text="read_only, idempotent or effectful, as at call time.")
     settled_by = serializers.SlugRelatedField(**_username)
+    settled_outcome = serializers.ChoiceField(
+        choices=SettledOutcome.choices, allow_blank=True, read_only=True, help_text="Empty until a person settles it."
+    )
 
     class Meta:
         model = ToolCall
