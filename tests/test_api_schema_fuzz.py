@@ -4,9 +4,10 @@ The schema is loaded from `/api/schema/` and every operation is called in-proces
 WSGI app, on the test database, as a superuser with a DRF token. Generation is derandomized and
 bounded, so a run is repeatable and takes a minute or two.
 
-Two formats of the schema name rules no JSON Schema keyword can state, and the fuzzer is told
-what they mean here: `printable` (not blank, no character of Unicode's category C) and `cursor`
-(the `next`/`previous` links of a page this API answered).
+Three formats of the schema name rules no JSON Schema keyword can state, and the fuzzer is told
+what they mean here: `printable` (not blank, no character of Unicode's category C), `cursor`
+(the `next`/`previous` links of a page this API answered) and `search-words` (a memory query
+with at least one word that is not a very common one).
 
 Runs the fuzzer starts are only written and enqueued (the broker is the database, and no worker
 runs here): no agent runs in this process.
@@ -35,6 +36,7 @@ from schemathesis.checks import CHECKS, load_all_checks
 
 from agents import services as agent_services
 from agents.demo import DEMO_WORKFLOW
+from memory import services as memory_services
 from runs.models import AgentRun, RunStatus
 from tests.factories import make_run, with_journal
 
@@ -63,6 +65,14 @@ schemathesis.openapi.format(
         st.integers(min_value=0, max_value=50),
         st.booleans(),
         st.none() | st.datetimes(timezones=st.just(UTC)).map(lambda at: at.isoformat()),
+    ),
+)
+
+
+schemathesis.openapi.format(
+    "search-words",
+    st.text(st.characters(exclude_categories=["C"]), min_size=1, max_size=40).filter(
+        lambda text: _printable(text) and bool(memory_services.search_terms(text))
     ),
 )
 

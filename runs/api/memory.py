@@ -43,7 +43,10 @@ class MemorySearchSchema(AutoSchema):
                              description="A registered agent, e.g. support."),
             OpenApiParameter("owner_id", OWNER, required=True, description="The end user the memories belong to."),
             OpenApiParameter(
-                "q", {"type": "string", "maxLength": services.MAX_QUERY_CHARS, "pattern": r"[^\W_]"}, required=True,
+                "q",
+                # `search-words`: at least one word that is not a very common one (memory.services.search_terms).
+                {"type": "string", "maxLength": services.MAX_QUERY_CHARS, "pattern": r"[^\W_]", "format": "search-words"},
+                required=True,
                 description="Words to search for; ranked by relevance (very common words such as 'the' are not).",
             ),
             OpenApiParameter(
