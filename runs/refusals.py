@@ -215,3 +215,62 @@ class NotInDoubt(Refusal):
 
     def __init__(self, call_id: str, why: str):
         super().__init__(f"Call {call_id} is not in doubt: {why} There is nothing to settle.", call_id=call_id)
+
+
+# --- Resume refusals (checked in the order of docs/architecture.md, "Resume rules") ----------------
+
+
+class ResumeRefused(Refusal):
+    """A refusal of `runs.resume.decide_resume`: each says what to do instead (settle, replay, wait)."""
+
+
+class ResumeRunInFlight(ResumeRefused):
+    status = 409
+    code = "run_in_flight"
+
+
+class AlreadyContinued(ResumeRefused):
+    """The run already has its one successor (a resume or a replay)."""
+
+    status = 409
+    code = "already_resumed"
+
+
+class AlreadyReplayedNoResume(AlreadyContinued):
+    code = "already_replayed"
+
+
+class ResumeRunSucceeded(ResumeRefused):
+    status = 409
+    code = "run_succeeded"
+
+
+class WorkflowNotResumable(ResumeRefused):
+    status = 409
+    code = "workflow_not_resumable"
+
+
+class SessionGone(ResumeRefused):
+    status = 410
+    code = "session_gone"
+
+
+class AgentChanged(ResumeRefused):
+    status = 409
+    code = "agent_changed"
+
+
+class ResumeCallsInDoubt(ResumeRefused):
+    status = 409
+    code = "calls_in_doubt"
+
+
+class ResumeNotPermitted(Refusal):
+    status = 403
+    code = "resume_not_permitted"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "Resuming someone else's run needs the permission “Can replay any run” (runs.replay_agentrun); "
+            "ask its creator or someone who has it."
+        )
