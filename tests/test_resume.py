@@ -7,14 +7,24 @@ would); the crash cases, where a worker process is SIGKILLed at a point, are in
 
 from __future__ import annotations
 
+import threading
+from datetime import timedelta
+
 import pytest
+from django.db import connection
+from django.utils import timezone
+from rest_framework.test import APIClient
 
 from agents import scripted
 from agents.models import CrmNote, OutboxEmail
 from agents.scripted import ScriptedLlm
-from runs import executor, resume
+from config.lib.refusals import Refusal
+from memory.models import MemoryEntry
+from runs import effects, executor, resume, retention, services
+from runs import replay as rules
 from runs.models import AgentRun, RunStatus
-from tests.helpers import SAY_DONE, SEND_EMAIL, UPDATE_CRM, run_now, script_params
+from tests.factories import make_run
+from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, UPDATE_CRM, postgres_only, run_now, script_params
 
 db = pytest.mark.django_db(transaction=True)
 SCRIPT = [SEND_EMAIL, UPDATE_CRM, {"say": "Emailed Jane and noted it."}]
@@ -60,3 +70,196 @@ def test_a_run_stopped_after_send_email_resumes_with_update_crm_only(alice, mode
                if part.function_response]
     assert history and history[0]["status"] == "sent"
     assert resumed.result == "Emailed Jane and noted it."
+
+
+# --- The API, and every refusal it can say -------------------------------------------------------
+
+
+@pytest.fixture
+def api(alice):
+    client = APIClient()
+    client.force_authenticate(alice)
+    return client
+
+
+def failed_after_email(alice, model_down) -> AgentRun:
+    return run_now(params=script_params(*SCRIPT), created_by=alice)
+
+
+@db
+def test_the_api_resumes_and_shows_the_decision_and_the_chain(api, alice, model_down_at_second_call):
+    original = failed_after_email(alice, model_down_at_second_call)
+    decision = api.get(f"/api/runs/{original.run_id}/").json()["resume_decision"]
+    assert (decision["allowed"], decision["status"], decision["code"], decision["preview"]) == (
+        True, 202, "resumable", [])
+    model_down_at_second_call()
+    response = api.post(f"/api/runs/{original.run_id}/resume/")
+    assert response.status_code == 202, response.json()
+    body = response.json()
+    assert body["resume_of"] == str(original.run_id) and body["session_id"] == original.session_id
+    assert body["config"] == original.config and body["trigger"] == original.trigger
+    execute(AgentRun.objects.get(pk=body["run_id"]))
+    detail = api.get(f"/api/runs/{original.run_id}/").json()
+    assert [r["run_id"] for r in detail["resumes"]] == [body["run_id"]]
+    assert detail["resume_decision"]["code"] == "already_resumed"
+    assert detail["resume_decision"]["successor_run_id"] == body["run_id"]
+    assert api.post(f"/api/runs/{original.run_id}/resume/").json()["code"] == "already_resumed"
+    resumed = api.get(f"/api/runs/{body['run_id']}/").json()
+    assert resumed["resume_of"] == str(original.run_id) and resumed["status"] == "success"
+    assert resumed["resume_decision"]["code"] == "run_succeeded"
+
+
+def assert_refused(response, status: int, code: str) -> dict:
+    body = response.json()
+    assert (response.status_code, body["code"]) == (status, code), body
+    assert body["detail"].endswith(".") and len(body["detail"]) > 40
+    return body
+
+
+@db
+def test_every_refusal_code_through_the_api(api, alice, django_user_model, model_down_at_second_call):
+    from django.contrib.auth.models import Permission
+
+    running = make_run(status=RunStatus.RUNNING, created_by=alice, heartbeat_at=timezone.now())
+    assert_refused(api.post(f"/api/runs/{running.run_id}/resume/"), 409, "run_in_flight")
+    succeeded = make_run(status=RunStatus.SUCCESS, tools=[], created_by=alice)
+    assert_refused(api.post(f"/api/runs/{succeeded.run_id}/resume/"), 409, "run_succeeded")
+
+    replayed = make_run(tools=[], created_by=alice)
+    services.replay_run(replayed.run_id, actor=alice)
+    body = assert_refused(api.post(f"/api/runs/{replayed.run_id}/resume/"), 409, "already_replayed")
+    assert body["successor_run_id"]
+
+    changed = failed_after_email(alice, model_down_at_second_call)
+    AgentRun.objects.filter(pk=changed.pk).update(agent_fingerprint="0" * 64)
+    assert "Replay it instead" in assert_refused(api.post(f"/api/runs/{changed.run_id}/resume/"), 409,
+                                                 "agent_changed")["detail"]
+
+    purged = failed_after_email(alice, model_down_at_second_call)
+    retention.purge_events(days=1, now=timezone.now() + timedelta(days=2))
+    assert_refused(api.post(f"/api/runs/{purged.run_id}/resume/"), 410, "session_gone")
+
+    in_doubt = run_now(params=script_params(dict(SEND_EMAIL, tool_fails="SMTP timeout"), SAY_DONE), created_by=alice)
+    body = assert_refused(api.post(f"/api/runs/{in_doubt.run_id}/resume/"), 409, "calls_in_doubt")
+    assert body["tools"] == ["send_email"] and body["calls"] == [in_doubt.tool_calls.get().call_id]
+    assert "Settle it" in body["detail"]
+    preview = api.get(f"/api/runs/{in_doubt.run_id}/").json()["resume_decision"]["preview"]
+    assert preview[0]["answer"] == resume.IN_DOUBT
+
+    # Seeing a run is not continuing it: another user needs runs.replay_agentrun.
+    viewer = django_user_model.objects.create_user("vic", password="vic-pass-123")
+    viewer.user_permissions.add(Permission.objects.get(codename="view_agentrun"))
+    other = APIClient()
+    other.force_authenticate(viewer)
+    assert_refused(other.post(f"/api/runs/{in_doubt.run_id}/resume/"), 403, "resume_not_permitted")
+    assert AgentRun.objects.filter(resume_of__isnull=False).count() == 0  # no refusal wrote a row
+
+
+@db
+def test_a_workflow_run_is_refused_with_its_own_code(api, alice):
+    run = make_run(tools=[], created_by=alice)
+    AgentRun.objects.filter(pk=run.pk).update(config={**run.config, "workflow": {"name": "wf", "graph": {}}})
+    assert_refused(api.post(f"/api/runs/{run.run_id}/resume/"), 409, "workflow_not_resumable")
+
+
+@db
+def test_a_call_in_doubt_settled_done_is_answered_from_the_settlement(alice, admin_user):
+    original = run_now(params=script_params(dict(SEND_EMAIL, tool_fails="SMTP timeout"), SAY_DONE),
+                       created_by=alice)
+    call = original.tool_calls.get()
+    effects.settle_call(run_id=original.run_id, call_id=call.call_id, actor=admin_user, outcome="done",
+                        note="The outbox shows the email to Jane.")
+    preview = resume.decide_resume(original).answers
+    assert [(a.kind, a.response["evidence"]) for a in preview] == [
+        (resume.SETTLED_DONE, "The outbox shows the email to Jane.")]
+    requests = []
+    scripted.request_observers.append(requests.append)
+    try:
+        resumed = execute(resume.resume_run(original.run_id, actor=alice))
+    finally:
+        scripted.request_observers.remove(requests.append)
+    assert resumed.status == RunStatus.SUCCESS, resumed.error_message
+    assert resumed.tools_executed == [] and OutboxEmail.objects.count() == 1
+    seen = [p.function_response.response for c in requests[0].contents for p in c.parts if p.function_response]
+    assert seen[0]["status"] == "done" and seen[0]["evidence"] == "The outbox shows the email to Jane."
+    assert resumed.result == "Done."
+
+
+@db
+def test_a_call_settled_not_done_is_called_again_by_the_model_under_a_fresh_id(alice, admin_user):
+    original = run_now(params=script_params(dict(SEND_EMAIL, id="mail-1", tool_fails="SMTP refused"), SAY_DONE),
+                       created_by=alice)
+    OutboxEmail.objects.all().delete()  # what the person saw: nothing went out
+    effects.settle_call(run_id=original.run_id, call_id="mail-1", actor=admin_user, outcome="not_done",
+                        note="The outbox is empty.")
+    (answer,) = resume.decide_resume(original).answers
+    assert answer.kind == resume.SETTLED_NOT_DONE and "did not happen" in answer.response["error"]
+    resumed = execute(resume.resume_run(original.run_id, actor=alice))
+    assert resumed.status == RunStatus.SUCCESS, resumed.error_message
+    (again,) = resumed.tool_calls.all()
+    assert again.tool_name == "send_email" and again.call_id == f"mail-1~{resumed.run_id.hex[:8]}"
+    assert again.status == "answered"  # played without its fault
+    assert OutboxEmail.objects.count() == 1
+
+
+@db
+def test_a_resumed_run_can_itself_be_resumed_then_replayed_under_the_same_rules(alice, monkeypatch):
+    script = [SEND_EMAIL, UPDATE_CRM, LOOKUP, {"say": "All done."}]
+    original = ScriptedLlm.generate_content_async
+    failing_at = {"calls": 1}
+
+    async def down(self, llm_request, stream=False):
+        if self.calls_made >= failing_at["calls"]:
+            raise scripted.ScriptedModelError("The provider is down.")
+        async for response in original(self, llm_request, stream):
+            yield response
+
+    monkeypatch.setattr(ScriptedLlm, "generate_content_async", down)
+    first = run_now(params=script_params(*script), created_by=alice)
+    second = execute(resume.resume_run(first.run_id, actor=alice))
+    assert (second.status, second.tools_executed) == (RunStatus.ERROR, ["update_crm"])
+    failing_at["calls"] = 99
+    third = execute(resume.resume_run(second.run_id, actor=alice))
+    assert (third.status, third.tools_executed, third.result) == (RunStatus.SUCCESS, ["lookup_customer"], "All done.")
+    assert third.session_id == first.session_id
+    assert OutboxEmail.objects.count() == 1 and CrmNote.objects.count() == 1
+    # One successor per run: the middle one is continued, so it is neither resumed nor replayed again.
+    assert resume.decide_resume(second).refusal.code == "already_resumed"
+    # The last one succeeded; a replay of it follows the replay rules (force, reusing recorded effects).
+    assert rules.decide(third, force=False).code == "run_succeeded"
+    # Memory: the successful chain's conversation, each invocation under its own run.
+    remembered = set(MemoryEntry.objects.values_list("run_id", flat=True))
+    assert {first.run_id, third.run_id} <= remembered
+
+
+@db
+def test_the_intent_of_a_resume_is_its_originals(alice, model_down_at_second_call):
+    original = failed_after_email(alice, model_down_at_second_call)
+    resumed = resume.resume_run(original.run_id, actor=alice)
+    assert effects.intent_id(resumed) == effects.intent_id(original) == f"run:{original.run_id}"
+
+
+@postgres_only
+@db
+def test_concurrent_resume_requests_create_one_resume(alice, model_down_at_second_call):
+    original = failed_after_email(alice, model_down_at_second_call)
+    barrier = threading.Barrier(4)
+    outcomes: list[str] = []
+
+    def request() -> None:
+        barrier.wait()
+        try:
+            resume.resume_run(original.run_id, actor=alice)
+            outcomes.append("resumed")
+        except Refusal as refusal:
+            outcomes.append(refusal.code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=request) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == ["already_resumed"] * 3 + ["resumed"]
+    assert AgentRun.objects.filter(resume_of=original).count() == 1
