@@ -7,11 +7,13 @@ would); the crash cases, where a worker process is SIGKILLed at a point, are in
 
 from __future__ import annotations
 
+import re
 import threading
 from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -23,6 +25,7 @@ from memory.models import MemoryEntry
 from runs import effects, executor, resume, retention, services
 from runs import replay as rules
 from runs.models import AgentRun, RunStatus
+from runs.refusals import ResumeNotPermitted
 from tests.factories import make_run
 from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, UPDATE_CRM, postgres_only, run_now, script_params
 
@@ -263,3 +266,60 @@ def test_concurrent_resume_requests_create_one_resume(alice, model_down_at_secon
         thread.join()
     assert sorted(outcomes) == ["already_resumed"] * 3 + ["resumed"]
     assert AgentRun.objects.filter(resume_of=original).count() == 1
+
+
+# --- The admin's Resume button -----------------------------------------------------------------------
+
+CHANGELIST = "/admin/runs/agentrun/"
+
+
+def button_form(html: str, button_id: str) -> dict:
+    for url, body in re.findall(r'<form method="post" action="([^"]+)">(.*?)</form>', html, re.S):
+        if f'id="{button_id}"' in body:
+            return {"url": url, "fields": dict(re.findall(r'name="([^"]+)" value="([^"]*)"', body))}
+    raise AssertionError(f"no form with the button {button_id}")
+
+
+@db
+def test_the_resume_button_confirms_with_the_preview_then_opens_the_resume(support_agent, admin_user):
+    original = run_now(params=script_params(dict(SEND_EMAIL, tool_fails="SMTP timeout"), SAY_DONE),
+                       created_by=support_agent)
+    call = original.tool_calls.get()
+    client = Client()
+    client.force_login(support_agent)
+    html = client.get(f"{CHANGELIST}{original.pk}/change/").content.decode()
+    form = button_form(html, "resume-button")
+
+    # In doubt: the page says so in the API's words, and offers nothing to confirm.
+    refused = client.post(form["url"], form["fields"]).content.decode()
+    assert "is in doubt" in refused and "Yes, resume" not in refused
+
+    effects.settle_call(run_id=original.run_id, call_id=call.call_id, actor=admin_user, outcome="done",
+                        note="The outbox shows the email.")
+    confirmation = client.post(form["url"], form["fields"]).content.decode()
+    assert f'id="resume-preview-{call.call_id}"' in confirmation
+    assert resume.SETTLED_DONE in confirmation and "The outbox shows the email." in confirmation
+    assert AgentRun.objects.count() == 1
+
+    response = client.post(form["url"], {**form["fields"], "post": "yes"}, follow=True)
+    resumed = AgentRun.objects.get(resume_of=original)
+    assert response.redirect_chain[-1][0] == f"{CHANGELIST}{resumed.pk}/change/"
+    messages = [m.message for m in response.context["messages"]]
+    assert messages == [f"support run {str(original.run_id)[:8]}: Resumed as run {str(resumed.run_id)[:8]} in the "
+                        "same session."]
+    page = response.content.decode()
+    assert "resume of" in page.lower() and f">{str(original.run_id)[:8]}</a>" in page
+
+
+@db
+def test_the_resume_page_asks_the_apis_permission(support_agent, support_lead, alice):
+    original = run_now(params=script_params(SEND_EMAIL, SAY_DONE), created_by=alice)
+    AgentRun.objects.filter(pk=original.pk).update(status=RunStatus.ERROR)
+    client = Client()
+    client.force_login(support_lead)  # sees every run, did not start this one, may not replay others' runs
+    data = {"action": "resume_selected", "_selected_action": [str(original.pk)]}
+    assert client.post(CHANGELIST, data).status_code == 403
+    response = client.post(CHANGELIST, {**data, "post": "yes"}, follow=True)
+    assert [m.message for m in response.context["messages"]] == [
+        f"support run {str(original.run_id)[:8]}: {ResumeNotPermitted().admin_detail}"]
+    assert not AgentRun.objects.filter(resume_of=original).exists()
