@@ -274,3 +274,10 @@ class ResumeNotPermitted(Refusal):
             "Resuming someone else's run needs the permission “Can replay any run” (runs.replay_agentrun); "
             "ask its creator or someone who has it."
         )
+
+
+class ConversationMovedOn(ResumeRefused):
+    """A later turn already runs (or ran) in the session: the dangling calls are no longer the last thing said."""
+
+    status = 409
+    code = "conversation_moved_on"

@@ -10,7 +10,11 @@ from evidence, then lets the model go on. No tool that already ran runs again.
 settlement, what its session still holds, the agent's fingerprint now) it returns the refusal
 that applies, or the answer each dangling call would get. Checked in order, the first that
 applies answers: run_in_flight, already_resumed / already_replayed (one successor per run),
-run_succeeded, workflow_not_resumable, session_gone, agent_changed, calls_in_doubt.
+run_succeeded, conversation_moved_on (a chat's later turn), workflow_not_resumable, session_gone,
+agent_changed, calls_in_doubt.
+
+A chat turn is resumed inside its conversation: the same session, so the resume becomes the turn
+the conversation's next message follows.
 
 Each dangling call is answered by the first of:
 - a person's settlement: `done` → "it was done", with their note as evidence (and the tool's
@@ -46,6 +50,7 @@ from runs import lifecycle, quotas, reconcile, visibility
 from runs.models import (
     IN_FLIGHT,
     AgentRun,
+    Conversation,
     EffectStatus,
     RunStatus,
     SettledOutcome,
@@ -57,6 +62,7 @@ from runs.refusals import (
     AgentChanged,
     AlreadyContinued,
     AlreadyReplayedNoResume,
+    ConversationMovedOn,
     ResumeCallsInDoubt,
     ResumeNotPermitted,
     ResumeRefused,
@@ -110,6 +116,8 @@ class ResumeFacts:
     dangling: tuple[tuple[str, str], ...] = ()
     session_present: bool = True
     fingerprint_now: str = ""
+    # A run written later in the same session (a chat's next turn), other than this run's resumes.
+    later_run: tuple[uuid.UUID, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -239,7 +247,16 @@ def gather_resume_facts(run: AgentRun) -> ResumeFacts:
     session_present = any(invocation == root.invocation_id and _is_user_message(data) for invocation, data in events)
     if facts and not any(invocation == run.invocation_id for invocation, _data in events):
         session_present = False
+    later = (
+        AgentRun.objects.filter(session_id=run.session_id, created_at__gt=run.created_at)
+        .exclude(resume_of_id=run.run_id)
+        .exclude(replay_of_id=run.run_id)
+        .order_by("created_at")
+        .values_list("run_id", "status")
+        .first()
+    )
     return ResumeFacts(
+        later_run=later,
         successors=successors,
         calls=calls,
         dangling=dangling,
@@ -334,6 +351,13 @@ def decide_resume(run: AgentRun, *, facts: ResumeFacts | None = None) -> ResumeD
         ))
     if run.status == RunStatus.SUCCESS:
         return ResumeDecision(ResumeRunSucceeded("This run succeeded: there is nothing left to continue."))
+    if facts.later_run is not None:
+        later_id, later_status = facts.later_run
+        return ResumeDecision(ConversationMovedOn(
+            f"The conversation went on after this turn (run {later_id}, {later_status}): its unanswered calls are no "
+            "longer the last thing said, so it cannot be continued. Replay it instead.",
+            later_run_id=str(later_id), later_status=later_status,
+        ))
     if run.workflow:
         return ResumeDecision(WorkflowNotResumable(
             "This is a workflow run: a resume continues one agent's conversation, not a workflow's steps. "
@@ -409,6 +433,10 @@ def resume_run(run_id: Any, *, actor: Any) -> AgentRun:
         except (AgentRun.DoesNotExist, ValidationError, ValueError):
             raise RunNotFound(run_id) from None
         check_may_resume(actor=actor, run=original)
+        if original.conversation_id:
+            # The lock a chat's next turn takes (runs.chat.turns.begin_turn): a turn and a resume
+            # started at once are serialised, and the second sees the first in the session.
+            list(Conversation.objects.select_for_update().filter(pk=original.conversation_id).values_list("pk"))
         reconcile.reconcile_run_if_stale(original)
         facts = gather_resume_facts(original)
         decision = decide_resume(original, facts=facts)

@@ -323,3 +323,57 @@ def test_the_resume_page_asks_the_apis_permission(support_agent, support_lead, a
     assert [m.message for m in response.context["messages"]] == [
         f"support run {str(original.run_id)[:8]}: {ResumeNotPermitted().admin_detail}"]
     assert not AgentRun.objects.filter(resume_of=original).exists()
+
+
+# --- Chat: a failed turn resumed inside its conversation ------------------------------------------
+
+
+@db
+def test_a_failed_chat_turn_resumes_in_its_conversation_and_the_next_turn_follows_it(alice, model_down_at_second_call):
+    from runs.chat import turns
+
+    first = turns.begin_turn(user=alice, agent_name="support", owner_id="alice", message="Email Jane.",
+                             params=script_params(*SCRIPT))
+    first = execute(first)
+    assert first.status == RunStatus.ERROR
+    model_down_at_second_call()
+
+    # While the resume waits to run, the conversation is busy: no next turn slips in before it.
+    resumed = resume.resume_run(first.run_id, actor=alice)
+    assert (resumed.conversation_id, resumed.session_id, resumed.trigger) == (
+        first.conversation_id, first.session_id, "chat")
+    with pytest.raises(turns.ConversationBusy):
+        turns.begin_turn(user=alice, agent_name="support", owner_id="alice", message="Thanks!",
+                         conversation_id=first.conversation_id, params=script_params({"say": "You're welcome."}))
+    resumed = execute(resumed)
+    assert resumed.status == RunStatus.SUCCESS and resumed.tools_executed == ["update_crm"]
+
+    requests = []
+    scripted.request_observers.append(requests.append)
+    try:
+        second = execute(turns.begin_turn(
+            user=alice, agent_name="support", owner_id="alice", message="Thanks!",
+            conversation_id=first.conversation_id, params=script_params({"say": "You're welcome."})))
+    finally:
+        scripted.request_observers.remove(requests.append)
+    assert (second.status, second.result, second.tools_executed) == (RunStatus.SUCCESS, "You're welcome.", [])
+    said = [(content.role, part.text or (part.function_call and part.function_call.name)
+             or (part.function_response and part.function_response.name))
+            for content in requests[0].contents for part in content.parts]
+    # The whole conversation, in order: the first turn, its resume, then the new message.
+    assert [text for _role, text in said if text] [-5:] == [
+        "send_email", "update_crm", "update_crm", "Emailed Jane and noted it.", "Thanks!"]
+    assert OutboxEmail.objects.count() == 1 and CrmNote.objects.count() == 1
+
+
+@db
+def test_a_chat_turn_the_conversation_went_on_after_is_refused(alice, model_down_at_second_call):
+    from runs.chat import turns
+
+    first = execute(turns.begin_turn(user=alice, agent_name="support", owner_id="alice", message="Email Jane.",
+                                     params=script_params(*SCRIPT)))
+    model_down_at_second_call()
+    second = execute(turns.begin_turn(user=alice, agent_name="support", owner_id="alice", message="Hello?",
+                                      conversation_id=first.conversation_id, params=script_params(SAY_DONE)))
+    refusal = resume.decide_resume(first).refusal
+    assert (refusal.code, refusal.context["later_run_id"]) == ("conversation_moved_on", str(second.run_id))

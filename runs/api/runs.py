@@ -219,7 +219,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             "happen) — and lets the model go on. No tool that already ran runs again. The body may be empty. "
             "Who: the run's creator, or the permission runs.replay_agentrun (else 403 `resume_not_permitted`). "
             "Refusals: 409 `run_in_flight`, `already_resumed`, `already_replayed` (one successor per run), "
-            "`run_succeeded`, `workflow_not_resumable`, `agent_changed` (its definition changed: replay "
+            "`run_succeeded`, `conversation_moved_on` (a chat turn the conversation went on after), "
+            "`workflow_not_resumable`, `agent_changed` (its definition changed: replay "
             "instead), `calls_in_doubt` (settle them first); 410 `session_gone` (its events were purged). "
             "`GET /api/runs/{id}/` shows the decision now as `resume_decision`."
         ),

@@ -203,6 +203,8 @@ class ResumeDecisionSerializer(serializers.Serializer):
     successor_status = serializers.CharField(required=False)
     run_status = serializers.CharField(required=False, help_text="The run's own status, where it is why.")
     agent = serializers.CharField(required=False)
+    later_run_id = serializers.UUIDField(required=False, help_text="A chat's later turn (conversation_moved_on).")
+    later_status = serializers.CharField(required=False)
     preview = ResumePreviewSerializer(many=True, help_text="How a resume would answer each dangling call.")
 
 
