@@ -57,6 +57,19 @@ class ReplayInFlight(ReplayRefused):
     code = "replay_in_flight"
 
 
+class ResumeInFlight(ReplayRefused):
+    """A resume of the run (runs.resume) is still continuing it in its session."""
+
+    status = 409
+    code = "resume_in_flight"
+
+
+class AlreadyResumed(ReplayRefused):
+    status = 409
+    code = "already_resumed"
+    forceable = True
+
+
 class InputGone(ReplayRefused):
     status = 410
     code = "input_gone"

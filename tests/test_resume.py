@@ -377,3 +377,15 @@ def test_a_chat_turn_the_conversation_went_on_after_is_refused(alice, model_down
                                       conversation_id=first.conversation_id, params=script_params(SAY_DONE)))
     refusal = resume.decide_resume(first).refusal
     assert (refusal.code, refusal.context["later_run_id"]) == ("conversation_moved_on", str(second.run_id))
+
+
+@db
+def test_a_replay_waits_for_a_resume_in_flight_and_a_finished_resume_needs_force(alice, model_down_at_second_call):
+    original = failed_after_email(alice, model_down_at_second_call)
+    model_down_at_second_call()
+    resumed = resume.resume_run(original.run_id, actor=alice)
+    decision = rules.decide(original, force=True)
+    assert (decision.code, decision.refusal.context["resume_run_id"]) == ("resume_in_flight", str(resumed.run_id))
+    execute(resumed)
+    assert rules.decide(original, force=False).code == "already_resumed"
+    assert rules.decide(original, force=True).allowed

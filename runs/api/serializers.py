@@ -175,6 +175,9 @@ class ReplayDecisionSerializer(serializers.Serializer):
     detail = serializers.CharField()
     tools = serializers.ListField(child=serializers.CharField(), required=False)
     replay_run_id = serializers.UUIDField(required=False)
+    resume_run_id = serializers.UUIDField(required=False, help_text="The run's resume (resume_in_flight, "
+                                                                    "already_resumed).")
+    resume_status = serializers.CharField(required=False)
     run_status = serializers.CharField(required=False, help_text="The run's own status, where it is why.")
     calls = serializers.ListField(child=serializers.CharField(), required=False,
                                   help_text="The ids of the calls in doubt (calls_in_doubt).")
