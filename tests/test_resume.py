@@ -22,7 +22,7 @@ from agents.models import CrmNote, OutboxEmail
 from agents.scripted import ScriptedLlm
 from config.lib.refusals import Refusal
 from memory.models import MemoryEntry
-from runs import effects, executor, resume, retention, services
+from runs import effects, executor, overview, resume, retention, services, timeline
 from runs import replay as rules
 from runs.models import AgentRun, RunStatus
 from runs.refusals import ResumeNotPermitted
@@ -186,6 +186,10 @@ def test_a_call_in_doubt_settled_done_is_answered_from_the_settlement(alice, adm
     seen = [p.function_response.response for c in requests[0].contents for p in c.parts if p.function_response]
     assert seen[0]["status"] == "done" and seen[0]["evidence"] == "The outbox shows the email to Jane."
     assert resumed.result == "Done."
+    titles = [item["title"] for item in timeline.timeline_items(timeline.run_events(resumed))]
+    assert titles == ["send_email answered by the resume", "support said"]
+    # Continued, so the desk no longer waits for a decision on the original.
+    assert not overview.awaiting_decision(AgentRun.objects.filter(pk=original.pk)).exists()
 
 
 @db
