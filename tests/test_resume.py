@@ -24,7 +24,7 @@ from config.lib.refusals import Refusal
 from memory.models import MemoryEntry
 from runs import effects, executor, overview, resume, retention, services, timeline
 from runs import replay as rules
-from runs.models import AgentRun, RunStatus
+from runs.models import AgentRun, RunStatus, ToolEffect
 from runs.refusals import ResumeNotPermitted
 from tests.factories import make_run
 from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, UPDATE_CRM, postgres_only, run_now, script_params
@@ -69,6 +69,10 @@ def test_a_run_stopped_after_send_email_resumes_with_update_crm_only(alice, mode
     assert resumed.tools_executed == ["update_crm"]
     assert resumed.session_id == original.session_id and resumed.resume_of_id == original.run_id
     assert OutboxEmail.objects.count() == 1 and CrmNote.objects.count() == 1
+    # The call it made obeyed every rule: journaled with its class, its record under the original's intent.
+    (crm,) = resumed.tool_calls.all()
+    assert (crm.tool_name, crm.effect, crm.status) == ("update_crm", "idempotent", "answered")
+    assert ToolEffect.objects.get(key=crm.effect_key).intent_id == f"run:{original.run_id}"
     history = [part.function_response.response for content in requests[0].contents for part in content.parts
                if part.function_response]
     assert history and history[0]["status"] == "sent"
@@ -393,3 +397,14 @@ def test_a_replay_waits_for_a_resume_in_flight_and_a_finished_resume_needs_force
     execute(resumed)
     assert rules.decide(original, force=False).code == "already_resumed"
     assert rules.decide(original, force=True).allowed
+
+
+@db
+def test_resumes_are_throttled_with_replays(api, alice, settings):
+    settings.THROTTLE_RATES = {**{scope: None for scope in settings.THROTTLE_RATES}, "runs.replay": "1/min"}
+    first, second = make_run(created_by=alice, tools=[]), make_run(created_by=alice, tools=[])
+    # The first is refused by the rules (its session is empty) and still counts; the second is throttled.
+    assert api.post(f"/api/runs/{first.run_id}/resume/").json()["code"] == "session_gone"
+    refused = api.post(f"/api/runs/{second.run_id}/resume/")
+    assert (refused.status_code, refused.json()["code"]) == (429, "throttled")
+    assert refused.has_header("Retry-After")
