@@ -27,8 +27,9 @@ Each dangling call is answered by the first of:
 - otherwise the call is in doubt (called, never answered, not read only, no done/failed record,
   no settlement: unknown is not none) and the resume is refused until a person settles it.
 
-A workflow run is refused (`workflow_not_resumable`): its steps would need their own positions
-and agents; replay it instead.
+A workflow run is refused (`workflow_not_resumable`): ADK rebuilds a workflow's completed steps
+only from the events of the invocation it runs under, and a resume has an invocation of its own;
+replay it instead.
 """
 
 from __future__ import annotations

@@ -408,3 +408,19 @@ def test_resumes_are_throttled_with_replays(api, alice, settings):
     refused = api.post(f"/api/runs/{second.run_id}/resume/")
     assert (refused.status_code, refused.json()["code"]) == (429, "throttled")
     assert refused.has_header("Retry-After")
+
+
+@db
+def test_a_run_stopped_inside_a_sub_agent_resumes_in_that_agent(agents_dir, alice, model_down_at_second_call):
+    from tests.helpers import package_source
+
+    agents_dir(mailer=package_source("mailer"))
+    params = {"scripts": {
+        "mailer": [{"call": "transfer_to_agent", "args": {"agent_name": "notes"}}],
+        "notes": [LOOKUP, {"say": "Jane is on the pro plan."}],
+    }}
+    original = run_now(agent_name="mailer", params=params, created_by=alice)
+    assert original.status == RunStatus.ERROR and original.tools_executed == ["transfer_to_agent", "lookup_customer"]
+    model_down_at_second_call()
+    resumed = execute(resume.resume_run(original.run_id, actor=alice))
+    assert (resumed.status, resumed.result, resumed.tools_executed) == (RunStatus.SUCCESS, "Jane is on the pro plan.", [])
