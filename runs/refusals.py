@@ -249,7 +249,7 @@ class AlreadyContinued(ResumeRefused):
     code = "already_resumed"
 
 
-class AlreadyReplayedNoResume(AlreadyContinued):
+class ContinuedByReplay(AlreadyContinued):
     code = "already_replayed"
 
 

@@ -62,7 +62,7 @@ from runs.models import (
 from runs.refusals import (
     AgentChanged,
     AlreadyContinued,
-    AlreadyReplayedNoResume,
+    ContinuedByReplay,
     ConversationMovedOn,
     ResumeCallsInDoubt,
     ResumeNotPermitted,
@@ -345,7 +345,7 @@ def decide_resume(run: AgentRun, *, facts: ResumeFacts | None = None) -> ResumeD
                 "once. Resume or replay that run instead.",
                 successor_run_id=str(successor.run_id), successor_status=successor.status,
             ))
-        return ResumeDecision(AlreadyReplayedNoResume(
+        return ResumeDecision(ContinuedByReplay(
             f"This run was already replayed by run {successor.run_id} ({successor.status}): a run is continued "
             "once. Resume or replay that run instead.",
             successor_run_id=str(successor.run_id), successor_status=successor.status,
