@@ -298,6 +298,7 @@ def test_the_resume_button_confirms_with_the_preview_then_opens_the_resume(suppo
     html = client.get(f"{CHANGELIST}{original.pk}/change/").content.decode()
     form = button_form(html, "resume-button")
 
+    assert 'id="resume-decision"' in html and "Resume: refused (calls_in_doubt)." in html
     # In doubt: the page says so in the API's words, and offers nothing to confirm.
     refused = client.post(form["url"], form["fields"]).content.decode()
     assert "is in doubt" in refused and "Yes, resume" not in refused

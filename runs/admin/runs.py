@@ -14,7 +14,7 @@ from config.lib.admin import (
     ReadOnlyAdminMixin,
     object_buttons,
 )
-from runs import reconcile, services, timeline
+from runs import reconcile, resume, services, timeline
 from runs.admin import actions, live, run_page, settle
 from runs.admin.filters import AgentFilter, DeskFilter, StaleRunningFilter, ToolsStateFilter
 from runs.admin.resume import resume_selected
@@ -147,6 +147,7 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
                 timeline=timeline.timeline_items(timeline.run_events(run)),
                 replay_chain=run_page.replay_chain(run),
                 decision=(decision := run_page.decision_now(run)),
+                resume_decision=resume.decide_resume(run),
                 **settle.settle_context(run, decision["facts"], user=request.user),
                 can_force=self.has_force_replay_permission(request),
                 **object_buttons(self, self.page_buttons(request, run)),
