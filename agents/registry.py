@@ -16,9 +16,10 @@ from django.conf import settings
 from google.adk.agents import BaseAgent
 from google.adk.apps import App
 
+from agents.fingerprint import agent_fingerprint, workflow_fingerprint
 from agents.loading import TRANSFER_TOOL, AgentNode, AgentSpec, ToolInfo, describe, load_agents
 from agents.run_tree import build_run_tree, run_scripts, uses_scripted_model
-from agents.scripted import ScriptError, refuse_repeated_call_ids, validate_script
+from agents.scripted import ScriptError, ScriptPosition, refuse_repeated_call_ids, validate_script
 
 __all__ = [
     "AGENTS",
@@ -31,11 +32,13 @@ __all__ = [
     "build_agent",
     "build_app",
     "describe",
+    "fingerprint",
     "get_agent_spec",
     "run_scripts",
     "runnable_agents",
     "uses_scripted_model",
     "validate_params",
+    "workflow_fingerprint_of",
 ]
 
 
@@ -171,11 +174,27 @@ def validate_params(spec: AgentSpec, params: dict) -> None:
 # --- Building a run's tree ----------------------------------------------------------------------
 
 
-def build_agent(spec: AgentSpec, *, params: dict) -> BaseAgent:
-    """The run's own wrapped copy of the agent tree (see `agents.run_tree`)."""
+def build_agent(spec: AgentSpec, *, params: dict, positions: dict[str, ScriptPosition] | None = None) -> BaseAgent:
+    """The run's own wrapped copy of the agent tree (see `agents.run_tree`); `positions`: a resume's."""
     if spec.root is None:
         raise AgentUnavailableError(spec)
-    return build_run_tree(spec, params=params)
+    return build_run_tree(spec, params=params, positions=positions)
+
+
+def fingerprint(spec: AgentSpec) -> str:
+    """The agent's definition as loaded in this process (`agents.fingerprint`)."""
+    if spec.root is None:
+        raise AgentUnavailableError(spec)
+    return agent_fingerprint(spec.root, trusted_servers=settings.MCP_TRUSTED_SERVERS)
+
+
+def workflow_fingerprint_of(snapshot: dict) -> str:
+    """A workflow's stored graph and the agents it runs, as loaded in this process."""
+    return workflow_fingerprint(
+        snapshot,
+        agent_root=lambda name: get_agent_spec(name).root,
+        trusted_servers=settings.MCP_TRUSTED_SERVERS,
+    )
 
 
 def build_app(spec: AgentSpec, *, root: Any, name: str, plugins: list) -> App:

@@ -31,7 +31,7 @@ from agents import diet
 from agents.loading import AgentSpec, is_mcp_toolset, per_run_mcp_toolset
 from agents.preload import PreloadMemoryOncePerInvocation
 from agents.retrying import RetryingLlm
-from agents.scripted import ScriptedLlm
+from agents.scripted import ScriptedLlm, ScriptPosition
 
 
 def uses_scripted_model() -> bool:
@@ -56,9 +56,11 @@ def run_scripts(spec: AgentSpec, params: dict) -> dict[str, list]:
     return scripts
 
 
-def _model_for(agent: LlmAgent, scripts: dict[str, list]) -> RetryingLlm:
+def _model_for(agent: LlmAgent, scripts: dict[str, list], positions: dict[str, ScriptPosition]) -> RetryingLlm:
     if uses_scripted_model():
-        inner: BaseLlm = ScriptedLlm(script=scripts.get(agent.name, []))
+        inner: BaseLlm = ScriptedLlm(
+            script=scripts.get(agent.name, []), position=positions.get(agent.name) or ScriptPosition()
+        )
     elif settings.AGENT_MODEL:
         inner = LLMRegistry.new_llm(settings.AGENT_MODEL)
     else:
@@ -76,9 +78,10 @@ def _callbacks(value: Any) -> list:
     return list(value) if isinstance(value, list) else [value]
 
 
-def _tool_for_run(tool: Any, scripts: dict[str, list]) -> Any:
+def _tool_for_run(tool: Any, scripts: dict[str, list], positions: dict[str, ScriptPosition]) -> Any:
     if isinstance(tool, AgentTool):
         run_tool = copy.copy(tool)
+        # An agent used as a tool runs in ADK's in-memory session: a resume starts its script afresh.
         run_tool.agent = build_run_agent(tool.agent, scripts)
         return run_tool
     if isinstance(tool, PreloadMemoryTool) and not isinstance(tool, PreloadMemoryOncePerInvocation):
@@ -88,16 +91,26 @@ def _tool_for_run(tool: Any, scripts: dict[str, list]) -> Any:
     return tool
 
 
-def build_run_agent(agent: BaseAgent, scripts: dict[str, list]) -> BaseAgent:
-    """A wrapped copy of `agent` and everything inside it; `agent` itself is left as it is."""
-    update: dict[str, Any] = {"sub_agents": [build_run_agent(child, scripts) for child in agent.sub_agents]}
+def build_run_agent(
+    agent: BaseAgent, scripts: dict[str, list], positions: dict[str, ScriptPosition] | None = None
+) -> BaseAgent:
+    """A wrapped copy of `agent` and everything inside it; `agent` itself is left as it is.
+
+    `positions` (by agent name) is where a resumed run's scripted models start.
+    """
+    positions = positions or {}
+    update: dict[str, Any] = {
+        "sub_agents": [build_run_agent(child, scripts, positions) for child in agent.sub_agents]
+    }
     if isinstance(agent, LlmAgent):
         callbacks = [cb for cb in _callbacks(agent.before_model_callback) if cb is not diet.strip_old_payloads]
-        update["model"] = _model_for(agent, scripts)
-        update["tools"] = [_tool_for_run(tool, scripts) for tool in agent.tools]
+        update["model"] = _model_for(agent, scripts, positions)
+        update["tools"] = [_tool_for_run(tool, scripts, positions) for tool in agent.tools]
         update["before_model_callback"] = [diet.strip_old_payloads, *callbacks]
     return agent.clone(update=update)
 
 
-def build_run_tree(spec: AgentSpec, *, params: dict) -> BaseAgent:
-    return build_run_agent(spec.root, run_scripts(spec, params))
+def build_run_tree(
+    spec: AgentSpec, *, params: dict, positions: dict[str, ScriptPosition] | None = None
+) -> BaseAgent:
+    return build_run_agent(spec.root, run_scripts(spec, params), positions)

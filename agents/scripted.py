@@ -15,13 +15,22 @@ blocking the loop) before it answers; for benchmarks of many runs in flight.
 A call step may carry a fault for its tool: "tool_fails": "message", "crash": "before_effect" |
 "after_effect", "hang": seconds. Faults are handed to the tool through `agents.faults`, keyed
 by the function call id, so the failure happens for real inside the tool.
+
+Each answer carries the script position it played (`custom_metadata["scripted_step"]`: the step's
+index and, for a call step, which of its calls each function call is), stored with its event. A
+resumed run (docs/architecture.md, "Resume rules") continues the script from there
+(`ScriptPosition`, derived by `resume_position` from the model turns recorded for the run and
+the runs it resumes), and first plays again the calls its resume answered as not done, the way
+a real model retries what did not happen: played again without their faults (a fault stood for
+what befell that attempt) and under fresh call ids (the session already holds the old ones).
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Collection, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from google.adk.models.base_llm import BaseLlm
@@ -44,6 +53,8 @@ TRANSFER_TOOL = "transfer_to_agent"
 MAX_SCRIPT_STEPS = 500
 # The journal's column for a call id (runs.models.ToolCall.call_id).
 MAX_CALL_ID_CHARS = 128
+# Where each answer sits in its script, stored in its event's custom_metadata.
+SCRIPT_STEP_KEY = "scripted_step"
 
 
 class ScriptError(ValueError):
@@ -225,6 +236,43 @@ def _usage(llm_request: LlmRequest) -> types.GenerateContentResponseUsageMetadat
     return types.GenerateContentResponseUsageMetadata(prompt_token_count=prompt_chars // 4, candidates_token_count=0)
 
 
+@dataclass(frozen=True)
+class ScriptPosition:
+    """Where a resumed run's model starts: the next step, after the calls to play again.
+
+    `again` holds (step index, positions of its calls) for each recorded turn with a call the
+    resume answered as not done; `id_suffix` keeps the calls played again apart from the old ones.
+    """
+
+    start: int = 0
+    again: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    id_suffix: str = ""
+
+
+def resume_position(turns: Iterable[dict], *, not_done: Collection[str], id_suffix: str) -> ScriptPosition:
+    """The position after `turns` (an agent's recorded answers, oldest first: each `{"step", "calls",
+    "call_ids"}`), playing again the calls whose ids are in `not_done`."""
+    start = 0
+    again: list[tuple[int, tuple[int, ...]]] = []
+    for turn in turns:
+        step = turn.get("step")
+        if not isinstance(step, int) or step < 0:
+            continue
+        start = max(start, step + 1)
+        positions = tuple(
+            position
+            for position, call_id in zip(turn.get("calls") or [], turn.get("call_ids") or [], strict=False)
+            if call_id in not_done and isinstance(position, int)
+        )
+        if positions:
+            again.append((step, positions))
+    return ScriptPosition(start=start, again=tuple(again), id_suffix=id_suffix)
+
+
+def _without_faults(call: dict) -> dict:
+    return {key: value for key, value in call.items() if key not in FAULT_KEYS}
+
+
 # Observers see every request the scripted model receives: tests and benchmarks use them to
 # assert on what the model was actually sent (memory, stripped payloads).
 request_observers: list[Callable[[LlmRequest], None]] = []
@@ -233,7 +281,15 @@ request_observers: list[Callable[[LlmRequest], None]] = []
 class ScriptedLlm(BaseLlm):
     model: str = "scripted"
     script: list = []
+    position: ScriptPosition = ScriptPosition()
     _cursor: int = PrivateAttr(default=0)
+    _calls: int = PrivateAttr(default=0)
+    _again: list = PrivateAttr(default_factory=list)
+
+    def model_post_init(self, context: Any) -> None:
+        super().model_post_init(context)
+        self._cursor = self.position.start
+        self._again = list(self.position.again)
 
     @classmethod
     def supported_models(cls) -> list[str]:
@@ -241,20 +297,35 @@ class ScriptedLlm(BaseLlm):
 
     @property
     def calls_made(self) -> int:
-        return self._cursor
+        """Model calls this model object answered (a resumed run's count starts at 0)."""
+        return self._calls
 
-    def _next_step(self) -> Any:
-        if self._cursor >= len(self.script):
-            self._cursor += 1
-            return {"say": SCRIPT_EXHAUSTED_TEXT}
-        step = self.script[self._cursor]
+    def _next_step(self) -> tuple[Any, dict, str]:
+        """(step, its position for the event's metadata, call-id suffix)."""
+        self._calls += 1
+        if self._again:
+            index, positions = self._again.pop(0)
+            step = self.script[index]
+            calls = step if isinstance(step, list) else [step]
+            picked = [_without_faults(calls[position]) for position in positions if position < len(calls)]
+            if picked:
+                return picked, {"step": index, "calls": list(positions)}, self.position.id_suffix
+        index = self._cursor
         self._cursor += 1
-        return step
+        if index >= len(self.script):
+            return {"say": SCRIPT_EXHAUSTED_TEXT}, {"step": index}, ""
+        step = self.script[index]
+        where: dict = {"step": index}
+        if isinstance(step, list):
+            where["calls"] = list(range(len(step)))
+        elif "call" in step:
+            where["calls"] = [0]
+        return step, where, ""
 
     @staticmethod
-    def _call_part(step: dict) -> types.Part:
+    def _call_part(step: dict, id_suffix: str = "") -> types.Part:
         # A full uuid4: the journal keeps one row per (run, call id), so ids must never collide.
-        call_id = step.get("id") or f"call-{uuid.uuid4().hex}"
+        call_id = f"{step['id']}{id_suffix}" if step.get("id") else f"call-{uuid.uuid4().hex}"
         fault = {key: step[key] for key in FAULT_KEYS if key in step}
         if fault:
             faults.arm(call_id, fault)
@@ -267,14 +338,15 @@ class ScriptedLlm(BaseLlm):
     ) -> AsyncGenerator[LlmResponse, None]:
         for observer in list(request_observers):
             observer(llm_request)
-        step = self._next_step()
+        step, where, id_suffix = self._next_step()
+        metadata = {SCRIPT_STEP_KEY: where}
         latency = step_latency(step)
         if latency:
             await asyncio.sleep(latency)
         if isinstance(step, list):
-            parts = [self._call_part(call) for call in step]
+            parts = [self._call_part(call, id_suffix) for call in step]
         elif "call" in step:
-            parts = [self._call_part(step)]
+            parts = [self._call_part(step, id_suffix)]
         elif "say" in step:
             parts = [types.Part(text=step["say"])]
         elif step.get("fail") == "rate_limit":
@@ -286,6 +358,7 @@ class ScriptedLlm(BaseLlm):
                 content=types.Content(role="model", parts=[]),
                 finish_reason=types.FinishReason.STOP,
                 usage_metadata=_usage(llm_request),
+                custom_metadata=metadata,
             )
             return
         else:  # validate_script makes this unreachable for stored scripts
@@ -294,4 +367,5 @@ class ScriptedLlm(BaseLlm):
             content=types.Content(role="model", parts=parts),
             finish_reason=types.FinishReason.STOP,
             usage_metadata=_usage(llm_request),
+            custom_metadata=metadata,
         )

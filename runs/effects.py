@@ -93,16 +93,18 @@ def effect_in_doubt_of(exc: BaseException | None) -> EffectInDoubt | None:
 def intent_id(run: AgentRun) -> str:
     """The intent a run carries out: the same for a run and every replay that reuses its effects.
 
-    Up the `replay_of` chain to its root, stopping at a run that chose to redo the effects (it
+    Up the `replay_of` / `resume_of` chain to its root, stopping at a run that chose to redo the effects (it
     starts an intent of its own). A webhook run's intent is its event (source and provider
     message id), so the event's attempts share one; any other root's is its own run id.
     """
     current = run
     for _ in range(MAX_CHAIN_RUNS):
-        if current.effects == EffectsChoice.REDO or current.replay_of_id is None:
+        # A resume continues its original's intent like a replay that reuses effects.
+        parent_id = current.replay_of_id or current.resume_of_id
+        if current.effects == EffectsChoice.REDO or parent_id is None:
             break
-        current = AgentRun.objects.only("run_id", "replay_of_id", "effects", "webhook_event_id").get(
-            pk=current.replay_of_id
+        current = AgentRun.objects.only("run_id", "replay_of_id", "resume_of_id", "effects", "webhook_event_id").get(
+            pk=parent_id
         )
     if current.effects != EffectsChoice.REDO and current.webhook_event_id is not None:
         source_id, external_id = WebhookEvent.objects.values_list("source_id", "external_id").get(

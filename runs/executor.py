@@ -46,6 +46,7 @@ from runs.effects import EffectsPlugin, effect_in_doubt_of
 from runs.heartbeat import process_heartbeat
 from runs.journal import JournalPlugin, duplicate_call_of
 from runs.models import AgentRun, RunStatus
+from runs.resume import ResumePlan, resume_plan
 from runs.steps import RunStepRecorder, output_text
 
 logger = logging.getLogger(__name__)
@@ -215,6 +216,9 @@ async def run_agent(
     plugins = [plugin, EffectsPlugin(run)]
     retries = retry_log_for(run)
     steps = RunStepRecorder(run.run_id) if run.workflow else None
+    # A resumed run continues its original's session: no new user message, an answer for each
+    # dangling call instead, and its scripted models where the original's stopped.
+    plan: ResumePlan | None = await sync_to_async(resume_plan)(run) if run.resume_of_id else None
     if steps is not None:
         # A workflow run executes the graph it stored when it was written (its replays too).
         root = compile_workflow(run.workflow, params=run.params, recorder=steps)
@@ -222,7 +226,8 @@ async def run_agent(
     else:
         # The run's own wrapped copy of the loaded agent tree; the package's App keeps its plugins.
         spec = get_agent_spec(run.agent_name)
-        app = build_app(spec, root=build_agent(spec, params=run.params), name=run.agent_name, plugins=plugins)
+        root = build_agent(spec, params=run.params, positions=plan.positions if plan else None)
+        app = build_app(spec, root=root, name=run.agent_name, plugins=plugins)
     # Set before ADK creates its tasks, which copy the context: every model call finds the log.
     log_token = current_retry_log.set(retries)
     sessions = session_service()
@@ -231,6 +236,8 @@ async def run_agent(
         await sessions.create_session(app_name=run.agent_name, user_id=run.owner_id, session_id=run.session_id)
     except AlreadyExistsError:
         pass  # a conversation's session, created by its first turn
+    if plan is not None and plan.responses is not None:
+        await append_responses(run, plan)
     runner = Runner(app=app, session_service=sessions, memory_service=memory_service())
     abort_event = asyncio.Event()
     control.attach(asyncio.get_running_loop(), abort_event)
@@ -242,7 +249,7 @@ async def run_agent(
             user_id=run.owner_id,
             session_id=run.session_id,
             invocation_id=run.invocation_id,
-            new_message=user_content(run),
+            new_message=None if plan is not None else user_content(run),
             run_config=RunConfig(custom_metadata={"run_id": str(run.run_id)}),
             abort_signal=abort_event,
             yield_user_message=True,
@@ -298,6 +305,23 @@ async def run_agent(
     return Outcome(RunStatus.SUCCESS, result="\n".join(texts), events=events)
 
 
+async def append_responses(run: AgentRun, plan: ResumePlan) -> None:
+    """Store the answers to the dangling calls as the resumed run's first event, under its own invocation.
+
+    Passed as `new_message`, ADK would resolve the invocation from the calls' ids
+    (`Runner._resolve_invocation_id_from_fr`) and run under the original's invocation id instead
+    of this run's; stored first, they pair with their calls in the model's history and the run
+    keeps its own invocation (its journal, timeline and memory).
+    """
+    sessions = session_service()
+    session = await sessions.get_session(app_name=run.agent_name, user_id=run.owner_id, session_id=run.session_id)
+    await sessions.append_event(
+        session,
+        Event(invocation_id=run.invocation_id, author="user", content=plan.responses,
+              custom_metadata={"run_id": str(run.run_id)}),
+    )
+
+
 INTERNAL_OUTCOME = Outcome(RunStatus.ERROR, "internal", "The worker stopped before the run finished.")
 
 
@@ -337,6 +361,7 @@ def _remember(run_id: uuid.UUID, run: AgentRun | None, events: list[Event]) -> N
                     agent=run.agent_name, owner_id=run.owner_id, session_id=run.session_id,
                     invocation_id=run.invocation_id, run_id=run.run_id, events=events,
                 )
+                lifecycle.remember_predecessors(run)
             else:
                 lifecycle.remember_run(run_id=run_id)
     except Exception:  # noqa: BLE001

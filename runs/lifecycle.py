@@ -139,7 +139,29 @@ def remember_run(*, run_id: uuid.UUID) -> int:
     run = AgentRun.objects.get(pk=run_id)
     if run.status != RunStatus.SUCCESS:
         return 0
-    return remember_session(
+    added = remember_session(
         agent=run.agent_name, owner_id=run.owner_id, session_id=run.session_id,
         invocation_id=run.invocation_id, run_id=run.run_id,
     )
+    return added + remember_predecessors(run)
+
+
+def remember_predecessors(run: AgentRun) -> int:
+    """A successful resume's conversation began in the runs it resumes: their turns are remembered too.
+
+    Each invocation's events under its own run id; idempotent like every remembering.
+    """
+    added = 0
+    current = run
+    for _ in range(MAX_CHAIN_RUNS):
+        if current.resume_of_id is None:
+            break
+        current = AgentRun.objects.get(pk=current.resume_of_id)
+        added += remember_session(
+            agent=current.agent_name, owner_id=current.owner_id, session_id=current.session_id,
+            invocation_id=current.invocation_id, run_id=current.run_id,
+        )
+    return added
+
+
+MAX_CHAIN_RUNS = 1000

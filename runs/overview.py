@@ -69,11 +69,14 @@ def capped_count(queryset: QuerySet, *, cap: int = CAP) -> CappedCount:
 
 
 def awaiting_decision(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
-    """Failed or cancelled, no replay in flight, none that succeeded: a person must decide."""
+    """Failed or cancelled, no replay or resume in flight, none that succeeded: a person must decide."""
     blocking_replays = AgentRun.objects.filter(
         replay_of=OuterRef("pk"), status__in=(*IN_FLIGHT, RunStatus.SUCCESS)
     )
-    return queryset.filter(status__in=FAILED).filter(~Exists(blocking_replays))
+    blocking_resumes = AgentRun.objects.filter(
+        resume_of=OuterRef("pk"), status__in=(*IN_FLIGHT, RunStatus.SUCCESS)
+    )
+    return queryset.filter(status__in=FAILED).filter(~Exists(blocking_replays), ~Exists(blocking_resumes))
 
 
 def _in_doubt(calls: QuerySet[ToolCall]) -> QuerySet[ToolCall]:

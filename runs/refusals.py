@@ -57,6 +57,19 @@ class ReplayInFlight(ReplayRefused):
     code = "replay_in_flight"
 
 
+class ResumeInFlight(ReplayRefused):
+    """A resume of the run (runs.resume) is still continuing it in its session."""
+
+    status = 409
+    code = "resume_in_flight"
+
+
+class AlreadyResumed(ReplayRefused):
+    status = 409
+    code = "already_resumed"
+    forceable = True
+
+
 class InputGone(ReplayRefused):
     status = 410
     code = "input_gone"
@@ -255,3 +268,69 @@ class CancelNotPermitted(Refusal):
             "user's run” (runs.cancel_agentrun); ask someone who has it.",
             run_id=str(run_id),
         )
+
+
+# --- Resume refusals (checked in the order of docs/architecture.md, "Resume rules") ----------------
+
+
+class ResumeRefused(Refusal):
+    """A refusal of `runs.resume.decide_resume`: each says what to do instead (settle, replay, wait)."""
+
+
+class ResumeRunInFlight(ResumeRefused):
+    status = 409
+    code = "run_in_flight"
+
+
+class AlreadyContinued(ResumeRefused):
+    """The run already has its one successor (a resume or a replay)."""
+
+    status = 409
+    code = "already_resumed"
+
+
+class ContinuedByReplay(AlreadyContinued):
+    code = "already_replayed"
+
+
+class ResumeRunSucceeded(ResumeRefused):
+    status = 409
+    code = "run_succeeded"
+
+
+class WorkflowNotResumable(ResumeRefused):
+    status = 409
+    code = "workflow_not_resumable"
+
+
+class SessionGone(ResumeRefused):
+    status = 410
+    code = "session_gone"
+
+
+class AgentChanged(ResumeRefused):
+    status = 409
+    code = "agent_changed"
+
+
+class ResumeCallsInDoubt(ResumeRefused):
+    status = 409
+    code = "calls_in_doubt"
+
+
+class ResumeNotPermitted(Refusal):
+    status = 403
+    code = "resume_not_permitted"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "Resuming someone else's run needs the permission “Can replay any run” (runs.replay_agentrun); "
+            "ask its creator or someone who has it."
+        )
+
+
+class ConversationMovedOn(ResumeRefused):
+    """A later turn already runs (or ran) in the session: the dangling calls are no longer the last thing said."""
+
+    status = 409
+    code = "conversation_moved_on"

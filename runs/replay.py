@@ -5,8 +5,8 @@ is still there), it returns the decision without touching anything. `gather_fact
 those facts; `decide()` gathers them itself when it is not handed any.
 
 The rows of the table are checked in a fixed order and the first that applies answers:
-run_in_flight, replay_in_flight, input_gone (nobody can fix these by forcing, so they come
-first), then — without force — run_succeeded, already_replayed, calls_in_doubt, "every call
+run_in_flight, replay_in_flight, resume_in_flight, input_gone (nobody can fix these by forcing, so
+they come first), then — without force — run_succeeded, already_replayed, already_resumed, calls_in_doubt, "every call
 read only" (replayed), tools_called, tools_unknown.
 
 The journal's calls are facts too: each call's effect class as it was at call time, its status,
@@ -37,10 +37,12 @@ from runs.models import (
 )
 from runs.refusals import (
     AlreadyReplayed,
+    AlreadyResumed,
     CallsInDoubt,
     InputGone,
     ReplayInFlight,
     ReplayRefused,
+    ResumeInFlight,
     RunInFlight,
     RunSucceeded,
     ToolsCalled,
@@ -93,6 +95,8 @@ class ReplayFacts:
     replays: tuple[ReplaySummary, ...] = ()
     input_present: bool = True
     calls: tuple[CallFact, ...] = ()
+    # Its resumes (runs.resume): they continue the same work in its session.
+    resumes: tuple[ReplaySummary, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,17 @@ def decide(run: AgentRun, *, force: bool, facts: ReplayFacts | None = None) -> D
                 replay_status=in_flight.status,
             ),
         )
+    resuming = next((r for r in facts.resumes if r.status in IN_FLIGHT), None)
+    if resuming is not None:
+        return Decision(
+            force,
+            ResumeInFlight(
+                f"This run's resume {resuming.run_id} is still {resuming.status}: it continues the same work, so "
+                "wait for it to finish (or cancel it) before replaying the run.",
+                resume_run_id=str(resuming.run_id),
+                resume_status=resuming.status,
+            ),
+        )
     if run.input_file and not facts.input_present:
         return Decision(
             force,
@@ -185,6 +200,11 @@ def _refusal_without_force(run: AgentRun, facts: ReplayFacts) -> ReplayRefused |
     if succeeded is not None:
         return AlreadyReplayed(f"This run was already replayed successfully by run {succeeded.run_id}.",
             replay_run_id=str(succeeded.run_id),
+        )
+    resumed = next((r for r in facts.resumes if r.status == RunStatus.SUCCESS), None)
+    if resumed is not None:
+        return AlreadyResumed(f"This run was already finished by its resume, run {resumed.run_id}.",
+            resume_run_id=str(resumed.run_id),
         )
     tools = tool_names_once(run.tools_executed)
     if tools:
@@ -289,7 +309,14 @@ def gather_facts(run: AgentRun, *, verify_digest: bool = False) -> ReplayFacts:
         .order_by("-created_at")
         .values_list("run_id", "status", "created_at")
     )
+    resumes = tuple(
+        ReplaySummary(run_id, status, created_at)
+        for run_id, status, created_at in AgentRun.objects.filter(resume_of_id=run.run_id)
+        .order_by("-created_at")
+        .values_list("run_id", "status", "created_at")
+    )
     return ReplayFacts(
+        resumes=resumes,
         replays=replays,
         input_present=input_file_present(run, verify_digest=verify_digest),
         calls=journal_facts(run),

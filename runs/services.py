@@ -42,6 +42,7 @@ from runs.refusals import (
     RunNotFound,
     UnknownEffectsChoice,
 )
+from runs.resume import current_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -264,6 +265,7 @@ def start_run(
                 input_file_size=size,
                 session_id=session_id or str(uuid.uuid4()),
                 conversation_id=conversation_id,
+                agent_fingerprint=current_fingerprint(agent_name=target_name, workflow=config.get("workflow")),
             )
             if enqueue:
                 transaction.on_commit(lambda: lifecycle.enqueue_run(run_id))
@@ -370,6 +372,7 @@ def replay_run(
             force_reason=reason if forced else "",
             effects=effects,
             session_id=str(uuid.uuid4()),
+            agent_fingerprint=current_fingerprint(agent_name=original.agent_name, workflow=original.workflow),
         )
         if forced:
             _log_forced_replay(

@@ -87,9 +87,15 @@ def timeline_items(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     for event in events:
         at = event["timestamp"]
-        if event["author"] == "user":
+        if event["author"] == "user" and not event["function_responses"]:
             items.append({"kind": "user", "at": at, "title": "User message", "text": event["text"],
                           "attachments": event["attachments"]})
+            continue
+        if event["author"] == "user":
+            # A resume's answers to the calls its original left without a response (runs.resume).
+            for response in event["function_responses"]:
+                items.append({"kind": "response", "at": at, "title": f"{response['name']} answered by the resume",
+                              "call_id": response["id"], "data": _pretty(response["response"])})
             continue
         if event["text"]:
             items.append({"kind": "model", "at": at, "title": f"{event['author']} said", "text": event["text"]})

@@ -147,9 +147,11 @@ def agent(request, agents_dir):
     return request.param
 
 
-def _crash_child(point: int, agent: str) -> AgentRun:
+def _crash_child(point: int, agent: str, *, script: list | None = None) -> AgentRun:
+    """A child process that runs `agent` and dies at `point` (with the point's script, or `script`)."""
     spec = POINTS[point]
-    code = textwrap.dedent(_PRELUDE.format(script=json.dumps(spec["script"]), agent=agent)) + textwrap.dedent(spec["hook"])
+    script = spec["script"] if script is None else script
+    code = textwrap.dedent(_PRELUDE.format(script=json.dumps(script), agent=agent)) + textwrap.dedent(spec["hook"])
     child = run_python(code, AGENTS_DIR=",".join(settings.AGENTS_DIR))
     assert child.returncode == -signal.SIGKILL, f"point {point}: the child did not die by SIGKILL\n{child.stderr[-3000:]}"
     run_id = child.stdout.split()[0]

@@ -5,7 +5,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.db.models import OuterRef, Subquery
 from django.urls import path, reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from config.lib.admin import (
     CappedCountPaginator,
@@ -14,9 +14,10 @@ from config.lib.admin import (
     ReadOnlyAdminMixin,
     object_buttons,
 )
-from runs import permissions, reconcile, services, timeline
+from runs import permissions, reconcile, resume, services, timeline
 from runs.admin import actions, live, run_page, settle
 from runs.admin.filters import AgentFilter, DeskFilter, StaleRunningFilter, ToolsStateFilter
+from runs.admin.resume import resume_selected
 from runs.models import AgentRun, ToolCall
 
 
@@ -76,12 +77,13 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
     ordering = ["-created_at"]
     inlines = [ToolCallInline]
     actions = [actions.replay_selected, actions.force_replay_selected, actions.cancel_selected,
-               actions.reconcile_stale_runs_now]
+               actions.reconcile_stale_runs_now, resume_selected]
     fieldsets = [
         (None, {"fields": ["run_id", "status", "agent_name", "trigger", "owner_id", "created_by"]}),
         ("Input", {"fields": ["input_message", "input_params", "input_file_link", "input_file_sha256"]}),
         ("Outcome", {"fields": ["tools_called", "error_code", "error_message", "result", "late_outcome_summary"]}),
         ("Replay", {"fields": ["replay_of_link", "forced", "forced_by", "force_reason"]}),
+        ("Resume", {"fields": ["resume_of_link", "resumes_links", "agent_fingerprint"]}),
         (
             "Execution",
             {
@@ -159,6 +161,7 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
                 timeline=timeline.timeline_items(timeline.run_events(run)),
                 replay_chain=run_page.replay_chain(run),
                 decision=(decision := run_page.decision_now(run)),
+                resume_decision=resume.decide_resume(run),
                 **settle.settle_context(run, decision["facts"], user=request.user),
                 can_force=self.has_force_replay_permission(request),
                 **object_buttons(self, self.page_buttons(request, run)),
@@ -176,6 +179,8 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
             buttons.append(ObjectButton("force_replay_selected", "Force replay…", "force-replay-button"))
         if run.is_in_flight and self.has_cancel_permission(request, run):
             buttons.append(ObjectButton("cancel_selected", "Cancel run", "cancel-button"))
+        elif run.status != "success":
+            buttons.append(ObjectButton("resume_selected", "Resume…", "resume-button"))
         return buttons
 
     # --- Columns and fields ---
@@ -208,6 +213,23 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
         if "replay_of" in run._state.fields_cache and run.replay_of is not None:
             label = f"{label} ({run.replay_of.status})"
         return format_html('<a href="{}">{}</a>', url, label)
+
+    @admin.display(description="resume of")
+    def resume_of_link(self, run: AgentRun) -> str:
+        if run.resume_of_id is None:
+            return "—"
+        url = reverse("admin:runs_agentrun_change", args=[run.resume_of_id])
+        return format_html('<a href="{}">{}</a>', url, str(run.resume_of_id)[:8])
+
+    @admin.display(description="resumed by")
+    def resumes_links(self, run: AgentRun) -> str:
+        resumes = list(run.resumes.order_by("created_at").values_list("run_id", "status")[:20])
+        if not resumes:
+            return "—"
+        return format_html_join(", ", '<a href="{}">{}</a> ({})', (
+            (reverse("admin:runs_agentrun_change", args=[run_id]), str(run_id)[:8], status)
+            for run_id, status in resumes
+        ))
 
     def get_object(self, request, object_id, from_field=None):
         run = super().get_object(request, object_id, from_field)

@@ -17,7 +17,7 @@ from config.lib.api_errors import InvalidCursor, errors
 from config.lib.parsers import BoundedJSONParser, BoundedMultiPartParser
 from config.lib.serializers import EmptySerializer
 from config.lib.throttles import REPLAY, START_RUN, ScopedUserRateThrottle
-from runs import effects, reconcile, services, timeline, visibility
+from runs import effects, reconcile, resume, services, timeline, visibility
 from runs.api.serializers import (
     ReplayRequestSerializer,
     RunCreateSerializer,
@@ -95,7 +95,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     pagination_class = RunCursorPagination
     parser_classes = [BoundedJSONParser, parsers.FormParser, BoundedMultiPartParser]
     throttle_classes = [ScopedUserRateThrottle]
-    throttle_scopes = {"create": START_RUN, "replay": REPLAY}
+    throttle_scopes = {"create": START_RUN, "replay": REPLAY, "resume": REPLAY}
     lookup_field = "run_id"
     lookup_value_regex = "[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}"
     queryset = AgentRun.objects.none()  # for the schema; get_queryset applies visibility
@@ -109,6 +109,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                 Prefetch("tool_calls", queryset=ToolCall.objects.order_by("seq")),
                 Prefetch("steps", queryset=RunStep.objects.order_by("seq")),
                 Prefetch("replays", queryset=AgentRun.objects.order_by("created_at")),
+                Prefetch("resumes", queryset=AgentRun.objects.order_by("created_at")),
             )
         return runs
 
@@ -236,6 +237,39 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             effects=serializer.validated_data["effects"],
         )
         return self._run_response(replay)
+
+    @extend_schema(
+        summary="Resume a failed run in its own session",
+        description=(
+            "Continues the run instead of starting it again: a new run (`resume_of`, the same session, a new "
+            "invocation) answers each call the run left without a response from evidence — its effect record's "
+            "result, or a person's settlement (done: with their note; not done: the model is told it did not "
+            "happen) — and lets the model go on. No tool that already ran runs again. The body may be empty. "
+            "Who: the run's creator, or the permission runs.replay_agentrun (else 403 `resume_not_permitted`). "
+            "Refusals: 409 `run_in_flight`, `already_resumed`, `already_replayed` (one successor per run), "
+            "`run_succeeded`, `conversation_moved_on` (a chat turn the conversation went on after), "
+            "`workflow_not_resumable`, `agent_changed` (its definition changed: replay "
+            "instead), `calls_in_doubt` (settle them first); 410 `session_gone` (its events were purged). "
+            "`GET /api/runs/{id}/` shows the decision now as `resume_decision`."
+        ),
+        request=EmptySerializer,
+        responses={202: RunSerializer, **errors(400, 401, 403, 404, 409, 410, 415)},
+        examples=[
+            OpenApiExample(
+                "Refused",
+                value={"code": "calls_in_doubt",
+                       "detail": "This run's call to send_email is in doubt: started and never finished, so it is "
+                                 "unknown whether it acted, and a resume must tell the model what happened. Settle "
+                                 "it (done or not done) once you know, then resume.",
+                       "tools": ["send_email"], "calls": ["call-1a2b3c4d5e6f"]},
+                response_only=True, status_codes=["409"],
+            ),
+        ],
+    )
+    @action(detail=True, methods=["post"])
+    def resume(self, request, run_id=None):
+        EmptySerializer(data=request.data).is_valid(raise_exception=True)
+        return self._run_response(resume.resume_run(run_id, actor=request.user))
 
     @extend_schema(
         summary="Settle a tool call in doubt: did it act or not?",

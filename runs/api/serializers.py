@@ -21,6 +21,7 @@ from config.lib.serializers import (
 )
 from config.lib.user_params import SCRIPT_KEYS, scripts_refusal
 from runs import replay as rules
+from runs import resume
 from runs.effects import MAX_NOTE_CHARS
 from runs.models import AgentRun, EffectsChoice, RunStep, SettledOutcome, ToolCall
 from runs.services import MAX_FORCE_REASON_CHARS, MAX_OWNER_ID_CHARS
@@ -206,6 +207,8 @@ class RunSerializer(serializers.ModelSerializer):
     forced_by = serializers.SlugRelatedField(**_username)
     cancel_requested_by = serializers.SlugRelatedField(**_username)
     replay_of = serializers.UUIDField(source="replay_of_id", read_only=True, allow_null=True)
+    resume_of = serializers.UUIDField(source="resume_of_id", read_only=True, allow_null=True,
+                                      help_text="The run this one continues in its session (a resume).")
 
     class Meta:
         model = AgentRun
@@ -217,6 +220,7 @@ class RunSerializer(serializers.ModelSerializer):
             "replay_of", "forced", "forced_by", "force_reason", "effects", "session_id", "conversation_id",
             "created_at", "started_at", "heartbeat_at", "finished_at", "worker",
             "cancel_requested_at", "cancel_requested_by",
+            "resume_of", "agent_fingerprint",
         ]
         read_only_fields = fields
 
@@ -265,11 +269,40 @@ class ReplayDecisionSerializer(serializers.Serializer):
     detail = serializers.CharField()
     tools = serializers.ListField(child=serializers.CharField(), required=False)
     replay_run_id = serializers.UUIDField(required=False)
+    resume_run_id = serializers.UUIDField(required=False, help_text="The run's resume (resume_in_flight, "
+                                                                    "already_resumed).")
+    resume_status = serializers.CharField(required=False)
     run_status = serializers.CharField(required=False, help_text="The run's own status, where it is why.")
     calls = serializers.ListField(child=serializers.CharField(), required=False,
                                   help_text="The ids of the calls in doubt (calls_in_doubt).")
     force_would_replay = serializers.BooleanField()
     preview = CallPreviewSerializer(many=True, help_text="What a replay would do with each recorded call.")
+
+
+class ResumePreviewSerializer(serializers.Serializer):
+    call_id = serializers.CharField()
+    tool_name = serializers.CharField()
+    effect = serializers.CharField()
+    answer = serializers.CharField(help_text="answered from the record / from a settlement (done or not done) / "
+                                             "it did not happen / it failed / in doubt: a person must settle it.")
+    model_sees = serializers.JSONField(allow_null=True, help_text="The function response the model will see.")
+
+
+class ResumeDecisionSerializer(serializers.Serializer):
+    allowed = serializers.BooleanField()
+    status = serializers.IntegerField(help_text="What POST .../resume/ would answer.")
+    code = serializers.CharField(help_text="resumable, or the refusal code.")
+    detail = serializers.CharField()
+    tools = serializers.ListField(child=serializers.CharField(), required=False)
+    calls = serializers.ListField(child=serializers.CharField(), required=False,
+                                  help_text="The ids of the calls in doubt (calls_in_doubt).")
+    successor_run_id = serializers.UUIDField(required=False, help_text="The run's resume or replay, where it is why.")
+    successor_status = serializers.CharField(required=False)
+    run_status = serializers.CharField(required=False, help_text="The run's own status, where it is why.")
+    agent = serializers.CharField(required=False)
+    later_run_id = serializers.UUIDField(required=False, help_text="A chat's later turn (conversation_moved_on).")
+    later_status = serializers.CharField(required=False)
+    preview = ResumePreviewSerializer(many=True, help_text="How a resume would answer each dangling call.")
 
 
 class RunStepSerializer(serializers.ModelSerializer):
@@ -287,15 +320,22 @@ class RunDetailSerializer(RunSerializer):
     steps = RunStepSerializer(many=True, read_only=True, help_text="A workflow run's steps, in the order they started.")
     replays = ReplaySummarySerializer(many=True, read_only=True)
     replay_decision = serializers.SerializerMethodField()
+    resumes = ReplaySummarySerializer(many=True, read_only=True, help_text="The runs that continue this one.")
+    resume_decision = serializers.SerializerMethodField()
 
     class Meta(RunSerializer.Meta):
         fields = RunSerializer.Meta.fields + ["tool_calls", "steps", "replays", "replay_decision"]
+        fields += ["resumes", "resume_decision"]
         read_only_fields = fields
 
     @extend_schema_field(ReplayDecisionSerializer)
     def get_replay_decision(self, run: AgentRun) -> dict:
 
         return rules.describe_now(run)
+
+    @extend_schema_field(ResumeDecisionSerializer)
+    def get_resume_decision(self, run: AgentRun) -> dict:
+        return resume.describe_resume_now(run)
 
 
 class AttachmentSerializer(serializers.Serializer):

@@ -104,6 +104,14 @@ class AgentRun(models.Model):
     # them (the same intent, so a done effect is served from its record) or redo them (a new
     # intent: new keys, so the effects happen again).
     effects = models.CharField(max_length=8, choices=EffectsChoice.choices, default=EffectsChoice.REUSE)
+    # A resume continues this run's session, answering its dangling calls from evidence
+    # (docs/architecture.md, "Resume rules"); one successor (replay or resume) per run.
+    resume_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="resumes", db_index=True
+    )
+    # sha256 of the agent's definition when the run started (agents.fingerprint): a resume
+    # refuses a run whose agent has changed since.
+    agent_fingerprint = models.CharField(max_length=64, blank=True)
 
     class Meta:
         db_table = "agent_runs"

@@ -1,0 +1,518 @@
+"""May this run be resumed now, and with what? One answer for every door (API, admin).
+
+A resume continues a failed run **in its own session** instead of starting again
+(docs/architecture.md, "Resume rules"): a new run (`resume_of` = the original, same session, a
+new invocation) answers each dangling function call — a call in the session with no response —
+from evidence, then lets the model go on. No tool that already ran runs again.
+
+`decide_resume()` is pure, shaped like `runs.replay.decide`: given the run and the facts about it
+(`gather_resume_facts`: its successors, its journal with each call's effect record and
+settlement, what its session still holds, the agent's fingerprint now) it returns the refusal
+that applies, or the answer each dangling call would get. Checked in order, the first that
+applies answers: run_in_flight, already_resumed / already_replayed (one successor per run),
+run_succeeded, conversation_moved_on (a chat's later turn), workflow_not_resumable, session_gone,
+agent_changed, calls_in_doubt.
+
+A chat turn is resumed inside its conversation: the same session, so the resume becomes the turn
+the conversation's next message follows.
+
+Each dangling call is answered by the first of:
+- a person's settlement: `done` → "it was done", with their note as evidence (and the tool's
+  recorded result if it has one); `not_done` → "it did not happen";
+- its effect record: `done` → the recorded result, as the tool said it; `failed` → "it did not
+  happen";
+- the journal: a call its effect record refused, or one not run because its key was in doubt
+  elsewhere → "it did not happen"; a tool that raised → "it failed", with its error;
+- a read-only call that never answered → "it did not happen" (calling it again only reads);
+- otherwise the call is in doubt (called, never answered, not read only, no done/failed record,
+  no settlement: unknown is not none) and the resume is refused until a person settles it.
+
+A workflow run is refused (`workflow_not_resumable`): ADK rebuilds a workflow's completed steps
+only from the events of the invocation it runs under, and a resume has an invocation of its own;
+replay it instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Q
+from google.genai import types
+
+from agents.models import AdkEvent
+from agents.registry import UnknownAgentError, fingerprint, get_agent_spec, workflow_fingerprint_of
+from agents.scripted import SCRIPT_STEP_KEY, ScriptPosition, resume_position
+from runs import lifecycle, permissions, quotas, reconcile, visibility
+from runs.models import (
+    IN_FLIGHT,
+    AgentRun,
+    Conversation,
+    EffectStatus,
+    RunStatus,
+    SettledOutcome,
+    ToolCall,
+    ToolCallStatus,
+    ToolEffect,
+)
+from runs.refusals import (
+    AgentChanged,
+    AlreadyContinued,
+    ContinuedByReplay,
+    ConversationMovedOn,
+    OwnerNotPermitted,
+    ReplayNotPermitted,
+    ResumeCallsInDoubt,
+    ResumeNotPermitted,
+    ResumeRefused,
+    ResumeRunInFlight,
+    ResumeRunSucceeded,
+    RunNotFound,
+    SessionGone,
+    WorkflowNotResumable,
+)
+from runs.replay import READ_ONLY, CallFact, journal_facts, tool_names_once
+
+logger = logging.getLogger(__name__)
+
+MAX_CHAIN_RUNS = 1000
+RESUME, REPLAY = "resume", "replay"
+
+# How a dangling call is answered (the preview's words).
+FROM_RECORD = "answered from the record"
+SETTLED_DONE = "answered from a settlement: done"
+SETTLED_NOT_DONE = "answered from a settlement: not done"
+NOT_DONE = "answered: it did not happen"
+FAILED = "answered: it failed"
+IN_DOUBT = "in doubt: a person must settle it"
+
+
+# --- Facts ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Successor:
+    run_id: uuid.UUID
+    status: str
+    kind: str  # resume or replay
+
+
+@dataclass(frozen=True)
+class CallEvidence:
+    """One journal row with what a resume reads beyond the replay rules' facts."""
+
+    fact: CallFact
+    settle_note: str = ""
+    response_summary: str = ""
+    record_result: Any = None
+
+
+@dataclass(frozen=True)
+class ResumeFacts:
+    successors: tuple[Successor, ...] = ()
+    calls: tuple[CallEvidence, ...] = ()
+    # (call id, tool name) of each call of the run's invocation with no response in the session.
+    dangling: tuple[tuple[str, str], ...] = ()
+    session_present: bool = True
+    fingerprint_now: str = ""
+    # A run written later in the same session (a chat's next turn), other than this run's resumes.
+    later_run: tuple[uuid.UUID, str] | None = None
+
+
+@dataclass(frozen=True)
+class Answer:
+    call_id: str
+    tool_name: str
+    kind: str
+    response: dict | None = None  # what the model sees (None while in doubt)
+    effect: str = ""
+
+    @property
+    def not_done(self) -> bool:
+        return self.kind in (SETTLED_NOT_DONE, NOT_DONE)
+
+    def as_preview(self) -> dict:
+        return {"call_id": self.call_id, "tool_name": self.tool_name, "effect": self.effect or "effectful",
+                "answer": self.kind, "model_sees": self.response}
+
+
+@dataclass(frozen=True)
+class ResumeDecision:
+    refusal: ResumeRefused | None = None
+    answers: tuple[Answer, ...] = ()
+
+    @property
+    def allowed(self) -> bool:
+        return self.refusal is None
+
+    @property
+    def status(self) -> int:
+        return 202 if self.refusal is None else self.refusal.status
+
+    @property
+    def code(self) -> str:
+        return "resumable" if self.refusal is None else self.refusal.code
+
+    def as_dict(self) -> dict:
+        """The decision as the API shows it: `status` is the HTTP status a resume request would get."""
+        preview = [answer.as_preview() for answer in self.answers]
+        if self.refusal is None:
+            return {"allowed": True, "status": 202, "code": self.code,
+                    "detail": "A resume would continue this run in its session now.", "preview": preview}
+        body = self.refusal.as_dict()
+        if "status" in body:
+            body["run_status"] = body.pop("status")
+        return {**body, "allowed": False, "status": self.refusal.status, "preview": preview}
+
+
+def current_fingerprint(*, agent_name: str, workflow: dict | None) -> str:
+    """The definition a run of `agent_name` (or of a workflow snapshot) would execute now; "" if it cannot load."""
+    try:
+        if workflow:
+            return workflow_fingerprint_of(workflow)
+        return fingerprint(get_agent_spec(agent_name))
+    except (UnknownAgentError, ValueError, KeyError, TypeError):
+        return ""
+
+
+def chain_of(run: AgentRun) -> list[AgentRun]:
+    """The run and the runs it resumes, newest first (they share the session)."""
+    chain = [run]
+    current = run
+    for _ in range(MAX_CHAIN_RUNS):
+        if current.resume_of_id is None:
+            break
+        current = AgentRun.objects.get(pk=current.resume_of_id)
+        chain.append(current)
+    return chain
+
+
+def _session_events(run: AgentRun) -> list[tuple[str, dict]]:
+    rows = AdkEvent.objects.filter(
+        app_name=run.agent_name, user_id=run.owner_id, session_id=run.session_id
+    ).order_by("timestamp", "id").values_list("invocation_id", "event_data")
+    return [(invocation_id, data or {}) for invocation_id, data in rows]
+
+
+def _parts(data: dict) -> list[dict]:
+    return (data.get("content") or {}).get("parts") or []
+
+
+def _is_user_message(data: dict) -> bool:
+    return data.get("author") == "user" and any(part.get("text") or part.get("inline_data") for part in _parts(data))
+
+
+def _calls_of(data: dict) -> list[dict]:
+    return [part["function_call"] for part in _parts(data) if part.get("function_call")]
+
+
+def gather_resume_facts(run: AgentRun) -> ResumeFacts:
+    successors = tuple(
+        Successor(run_id, status, RESUME if resume_of_id == run.run_id else REPLAY)
+        for run_id, status, resume_of_id in AgentRun.objects.filter(Q(replay_of_id=run.run_id) | Q(resume_of_id=run.run_id))
+        .order_by("-created_at")
+        .values_list("run_id", "status", "resume_of_id")
+    )
+    facts = journal_facts(run)
+    extra = {
+        call_id: (note, summary, key)
+        for call_id, note, summary, key in ToolCall.objects.filter(run_id=run.run_id).values_list(
+            "call_id", "settle_note", "response_summary", "effect_key"
+        )
+    }
+    keys = {key for _note, _summary, key in extra.values() if key}
+    results = dict(ToolEffect.objects.filter(key__in=keys).values_list("key", "result")) if keys else {}
+    calls = tuple(
+        CallEvidence(
+            fact=fact,
+            settle_note=extra.get(fact.call_id, ("", "", ""))[0],
+            response_summary=extra.get(fact.call_id, ("", "", ""))[1],
+            record_result=results.get(fact.effect_key),
+        )
+        for fact in facts
+    )
+
+    events = _session_events(run)
+    answered = {
+        part["function_response"].get("id")
+        for _invocation, data in events
+        for part in _parts(data)
+        if part.get("function_response")
+    }
+    own_calls = [call for invocation, data in events if invocation == run.invocation_id for call in _calls_of(data)]
+    dangling = tuple((call.get("id") or "", call.get("name") or "") for call in own_calls if call.get("id") not in answered)
+    # The purge deletes the oldest events first: the chain's first user message is its oldest.
+    root = chain_of(run)[-1]
+    session_present = any(invocation == root.invocation_id and _is_user_message(data) for invocation, data in events)
+    if facts and not any(invocation == run.invocation_id for invocation, _data in events):
+        session_present = False
+    later = (
+        AgentRun.objects.filter(session_id=run.session_id, created_at__gt=run.created_at)
+        .exclude(resume_of_id=run.run_id)
+        .exclude(replay_of_id=run.run_id)
+        .order_by("created_at")
+        .values_list("run_id", "status")
+        .first()
+    )
+    return ResumeFacts(
+        later_run=later,
+        successors=successors,
+        calls=calls,
+        dangling=dangling,
+        session_present=session_present,
+        fingerprint_now=current_fingerprint(agent_name=run.agent_name, workflow=run.workflow),
+    )
+
+
+# --- Answers ---------------------------------------------------------------------------------------
+
+
+def _settlement_stub(result: Any) -> bool:
+    return isinstance(result, dict) and result.get("settled_by_person") is True
+
+
+def _not_done(call_id: str, tool: str, kind: str, why: str, effect: str) -> Answer:
+    return Answer(call_id, tool, kind, {
+        "status": "not_done",
+        "error": f"This call did not happen: {why} Call it again if it is still needed.",
+    }, effect)
+
+
+def answer_for(call_id: str, tool_name: str, evidence: CallEvidence | None) -> Answer:
+    """What the model is told about one dangling call (or that a person must settle it first)."""
+    if evidence is None:
+        # A call the journal never saw: nothing says what it did.
+        return Answer(call_id, tool_name, IN_DOUBT)
+    fact = evidence.fact
+    effect = fact.effect
+    if fact.settled_outcome == SettledOutcome.DONE:
+        response: dict = {
+            "status": "done",
+            "detail": "The tool did not answer before the run stopped; a person settled that it was done.",
+            "evidence": evidence.settle_note,
+        }
+        if evidence.record_result is not None and not _settlement_stub(evidence.record_result):
+            response["result"] = evidence.record_result
+        return Answer(call_id, tool_name, SETTLED_DONE, response, effect)
+    if fact.settled_outcome == SettledOutcome.NOT_DONE:
+        return _not_done(call_id, tool_name, SETTLED_NOT_DONE,
+                         f"a person settled that it did not act ({evidence.settle_note}).", effect)
+    if fact.status == ToolCallStatus.REFUSED:
+        return _not_done(call_id, tool_name, NOT_DONE, "its idempotency key was already used with other arguments.",
+                         effect)
+    if fact.effect_status == EffectStatus.DONE:
+        result = evidence.record_result
+        return Answer(call_id, tool_name, FROM_RECORD, result if isinstance(result, dict) else {"result": result}, effect)
+    if fact.effect_status == EffectStatus.FAILED:
+        return _not_done(call_id, tool_name, NOT_DONE, "its effect record says it did not act.", effect)
+    if fact.in_doubt and effect != READ_ONLY:
+        return Answer(call_id, tool_name, IN_DOUBT, None, effect)
+    if fact.status == ToolCallStatus.FAILED:
+        summary = evidence.response_summary
+        if summary.startswith("not run:"):
+            return _not_done(call_id, tool_name, NOT_DONE, "it was not run (its effect was in doubt elsewhere).",
+                             effect)
+        return Answer(call_id, tool_name, FAILED, {
+            "status": "failed", "error": f"The tool failed before it answered: {summary or 'no error was recorded'}",
+        }, effect)
+    return _not_done(call_id, tool_name, NOT_DONE, "it did not answer before the run stopped (it only reads).",
+                     effect)
+
+
+def answers_for(facts: ResumeFacts) -> tuple[Answer, ...]:
+    by_id = {evidence.fact.call_id: evidence for evidence in facts.calls}
+    return tuple(answer_for(call_id, tool, by_id.get(call_id)) for call_id, tool in facts.dangling)
+
+
+# --- The rules -------------------------------------------------------------------------------------
+
+
+def decide_resume(run: AgentRun, *, facts: ResumeFacts | None = None) -> ResumeDecision:
+    if facts is None:
+        facts = gather_resume_facts(run)
+    if run.status in IN_FLIGHT:
+        return ResumeDecision(ResumeRunInFlight(
+            f"This run is still {run.status}: there is nothing to resume yet. Wait for it to finish, or cancel it.",
+            status=run.status,
+        ))
+    if facts.successors:
+        successor = facts.successors[0]
+        if successor.kind == RESUME:
+            return ResumeDecision(AlreadyContinued(
+                f"This run was already resumed by run {successor.run_id} ({successor.status}): a run is continued "
+                "once. Resume or replay that run instead.",
+                successor_run_id=str(successor.run_id), successor_status=successor.status,
+            ))
+        return ResumeDecision(ContinuedByReplay(
+            f"This run was already replayed by run {successor.run_id} ({successor.status}): a run is continued "
+            "once. Resume or replay that run instead.",
+            successor_run_id=str(successor.run_id), successor_status=successor.status,
+        ))
+    if run.status == RunStatus.SUCCESS:
+        return ResumeDecision(ResumeRunSucceeded("This run succeeded: there is nothing left to continue."))
+    if facts.later_run is not None:
+        later_id, later_status = facts.later_run
+        return ResumeDecision(ConversationMovedOn(
+            f"The conversation went on after this turn (run {later_id}, {later_status}): its unanswered calls are no "
+            "longer the last thing said, so it cannot be continued. Replay it instead.",
+            later_run_id=str(later_id), later_status=later_status,
+        ))
+    if run.workflow:
+        return ResumeDecision(WorkflowNotResumable(
+            "This is a workflow run: a resume continues one agent's conversation, not a workflow's steps. "
+            "Replay it instead."
+        ))
+    if not facts.session_present:
+        return ResumeDecision(SessionGone(
+            "This run's session events were purged (EVENTS_RETENTION_DAYS), so there is no conversation left to "
+            "continue. Replay it instead: a replay starts again in a fresh session."
+        ))
+    if not run.agent_fingerprint or run.agent_fingerprint != facts.fingerprint_now:
+        said = (
+            "its definition was not recorded when it started" if not run.agent_fingerprint
+            else "its instruction, tools or model changed since this run started"
+        )
+        return ResumeDecision(AgentChanged(
+            f"The agent {run.agent_name!r} is not the one this run talked to ({said}): continuing its conversation "
+            "would mix two agents. Replay it instead.",
+            agent=run.agent_name,
+        ))
+    answers = answers_for(facts)
+    in_doubt = [answer for answer in answers if answer.kind == IN_DOUBT]
+    if in_doubt:
+        names = tool_names_once([answer.tool_name for answer in in_doubt])
+        return ResumeDecision(ResumeCallsInDoubt(
+            f"This run's call{'s' if len(in_doubt) > 1 else ''} to {', '.join(names)} "
+            f"{'are' if len(in_doubt) > 1 else 'is'} in doubt: started and never finished, so it is unknown "
+            "whether it acted, and a resume must tell the model what happened. Settle "
+            f"{'each' if len(in_doubt) > 1 else 'it'} (done or not done) once you know, then resume.",
+            tools=names, calls=[answer.call_id for answer in in_doubt],
+        ), answers)
+    return ResumeDecision(None, answers)
+
+
+def describe_resume_now(run: AgentRun) -> dict:
+    """What a resume would do now (for the run page and the API)."""
+    return decide_resume(run).as_dict()
+
+
+# --- Who may resume --------------------------------------------------------------------------------
+
+
+def check_may_resume(*, actor: Any, run: AgentRun) -> None:
+    """As for replay (runs.permissions): the run's creator, while they may still act for its owner,
+    or a holder of `runs.replay_agentrun`; a run the actor cannot see is not found."""
+    try:
+        permissions.check_may_replay(actor=actor, run=run)
+    except ReplayNotPermitted:
+        raise ResumeNotPermitted() from None
+
+
+def may_resume(*, actor: Any, run: AgentRun) -> bool:
+    try:
+        check_may_resume(actor=actor, run=run)
+    except (ResumeNotPermitted, OwnerNotPermitted, RunNotFound):
+        return False
+    return True
+
+
+# --- Resuming --------------------------------------------------------------------------------------
+
+
+def resume_run(run_id: Any, *, actor: Any) -> AgentRun:
+    """Continue a failed run in its session as a new run, if `decide_resume` allows it; else raise its refusal.
+
+    The original row is locked while deciding, so simultaneous requests for one run create one
+    resume: the second waits, then sees the first one's resume as the run's successor.
+    """
+    with transaction.atomic():
+        try:
+            original = visibility.visible_runs(actor).select_for_update().get(pk=run_id)
+        except (AgentRun.DoesNotExist, ValidationError, ValueError):
+            raise RunNotFound(run_id) from None
+        check_may_resume(actor=actor, run=original)
+        if original.conversation_id:
+            # The lock a chat's next turn takes (runs.chat.turns.begin_turn): a turn and a resume
+            # started at once are serialised, and the second sees the first in the session.
+            list(Conversation.objects.select_for_update().filter(pk=original.conversation_id).values_list("pk"))
+        reconcile.reconcile_run_if_stale(original)
+        facts = gather_resume_facts(original)
+        decision = decide_resume(original, facts=facts)
+        if decision.refusal is not None:
+            raise decision.refusal
+        quotas.check_in_flight(user=actor)
+        resumed = AgentRun.objects.create(
+            trigger=original.trigger,
+            agent_name=original.agent_name,
+            owner_id=original.owner_id,
+            created_by=actor if getattr(actor, "is_authenticated", False) else None,
+            config=original.config,
+            input_file=original.input_file,
+            input_file_name=original.input_file_name,
+            input_file_sha256=original.input_file_sha256,
+            input_file_size=original.input_file_size,
+            resume_of=original,
+            session_id=original.session_id,
+            conversation_id=original.conversation_id,
+            agent_fingerprint=facts.fingerprint_now,
+        )
+        resumed_id = resumed.run_id
+        transaction.on_commit(lambda: lifecycle.enqueue_run(resumed_id))
+    logger.info("Run %s resumed as %s by %s", original.run_id, resumed.run_id, actor)
+    return resumed
+
+
+# --- What the resumed run executes -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """The responses the resumed run appends (None: no call was left dangling) and where its scripts start."""
+
+    responses: types.Content | None
+    positions: dict[str, ScriptPosition]
+    answers: tuple[Answer, ...] = ()
+
+
+class ResumeNoLongerPossible(RuntimeError):
+    """Between the decision and the execution a dangling call became unanswerable (e.g. its journal went)."""
+
+
+def resume_plan(run: AgentRun) -> ResumePlan:
+    """For a run with `resume_of`: the answers to its predecessor's dangling calls, and its script positions."""
+    original = AgentRun.objects.get(pk=run.resume_of_id)
+    facts = gather_resume_facts(original)
+    answers = answers_for(facts)
+    in_doubt = [answer.call_id for answer in answers if answer.kind == IN_DOUBT]
+    if in_doubt:
+        raise ResumeNoLongerPossible(f"Calls {', '.join(in_doubt)} are in doubt: settle them, then resume again.")
+    parts = [
+        types.Part(function_response=types.FunctionResponse(id=answer.call_id, name=answer.tool_name,
+                                                            response=answer.response))
+        for answer in answers
+    ]
+    return ResumePlan(
+        responses=types.Content(role="user", parts=parts) if parts else None,
+        positions=script_positions(run, not_done={answer.call_id for answer in answers if answer.not_done}),
+        answers=answers,
+    )
+
+
+def script_positions(run: AgentRun, *, not_done: set[str]) -> dict[str, ScriptPosition]:
+    """Each agent's scripted-model position after the turns recorded for the runs `run` resumes."""
+    invocations = {ancestor.invocation_id for ancestor in chain_of(run)[1:]}
+    turns: dict[str, list[dict]] = {}
+    for invocation, data in _session_events(run):
+        where = (data.get("custom_metadata") or {}).get(SCRIPT_STEP_KEY)
+        if invocation not in invocations or not isinstance(where, dict) or data.get("partial"):
+            continue
+        turns.setdefault(data.get("author") or "", []).append(
+            {**where, "call_ids": [call.get("id") for call in _calls_of(data)]}
+        )
+    suffix = f"~{run.run_id.hex[:8]}"
+    return {agent: resume_position(agent_turns, not_done=not_done, id_suffix=suffix)
+            for agent, agent_turns in turns.items()}
