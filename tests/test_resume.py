@@ -291,7 +291,7 @@ def button_form(html: str, button_id: str) -> dict:
 @db
 def test_the_resume_button_confirms_with_the_preview_then_opens_the_resume(support_agent, admin_user):
     original = run_now(params=script_params(dict(SEND_EMAIL, tool_fails="SMTP timeout"), SAY_DONE),
-                       created_by=support_agent)
+                       created_by=support_agent, owner_id=support_agent.username)
     call = original.tool_calls.get()
     client = Client()
     client.force_login(support_agent)
@@ -321,11 +321,13 @@ def test_the_resume_button_confirms_with_the_preview_then_opens_the_resume(suppo
 
 
 @db
-def test_the_resume_page_asks_the_apis_permission(support_agent, support_lead, alice):
+def test_the_resume_page_asks_the_apis_permission(run_viewer, alice):
     original = run_now(params=script_params(SEND_EMAIL, SAY_DONE), created_by=alice)
     AgentRun.objects.filter(pk=original.pk).update(status=RunStatus.ERROR)
+    # A run of their own gets them the action (as for Replay); alice's run is still not theirs to resume.
+    make_run(created_by=run_viewer, owner_id=run_viewer.username)
     client = Client()
-    client.force_login(support_lead)  # sees every run, did not start this one, may not replay others' runs
+    client.force_login(run_viewer)  # sees every run, did not start this one, may not replay others' runs
     data = {"action": "resume_selected", "_selected_action": [str(original.pk)]}
     assert client.post(CHANGELIST, data).status_code == 403
     response = client.post(CHANGELIST, {**data, "post": "yes"}, follow=True)

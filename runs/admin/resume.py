@@ -43,7 +43,7 @@ def resume_rows(runs: list[AgentRun], actor) -> list[dict]:
     return rows
 
 
-@admin.action(permissions=["view"], description="Resume selected runs…")
+@admin.action(permissions=["replay"], description="Resume selected runs…")
 def resume_selected(modeladmin, request, queryset):
     """Confirm with the preview, then continue each run in its own session."""
     runs = list(queryset.order_by("created_at"))
