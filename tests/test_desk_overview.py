@@ -9,6 +9,7 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.test import Client
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from runs import overview, replay
 from runs.models import (
@@ -267,7 +268,7 @@ def test_the_live_fragment_follows_the_run_and_says_when_it_has_settled(support_
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_call_whose_tool_raised_after_starting_its_effect_is_in_doubt_on_the_desk_as_in_the_rules():
+def test_a_call_whose_tool_raised_after_starting_its_effect_is_in_doubt_on_the_desk_as_in_the_rules(admin_user):
     # The tool may have acted before it raised: its effect record stays `started`. The desk counts
     # that call in doubt, and the run as awaiting a decision on it, exactly as decide() refuses it.
     run = run_now(params=script_params(dict(UPDATE_CRM, tool_fails="the CRM timed out"),
@@ -278,3 +279,9 @@ def test_a_call_whose_tool_raised_after_starting_its_effect_is_in_doubt_on_the_d
     assert list(overview.in_doubt_calls()) == [call]
     assert list(overview.awaiting_calls_in_doubt(AgentRun.objects.all())) == [run]
     assert not overview.awaiting_tools_called(AgentRun.objects.all()).exists()
+    # The journal row and the API say so too (they once said only `called` calls were in doubt).
+    assert call.in_doubt
+    api = APIClient()
+    api.force_authenticate(admin_user)
+    calls = api.get(f"/api/runs/{run.run_id}/").json()["tool_calls"]
+    assert [(c["tool_name"], c["in_doubt"]) for c in calls] == [("update_crm", True)]

@@ -226,7 +226,10 @@ class RunSerializer(serializers.ModelSerializer):
 
 
 class ToolCallSerializer(serializers.ModelSerializer):
-    in_doubt = serializers.BooleanField(read_only=True, help_text="Called, never answered, and the run is over.")
+    in_doubt = serializers.BooleanField(
+        read_only=True,
+        help_text="The run is over, no person settled it, and it never answered or its effect never finished.",
+    )
     effect = serializers.SerializerMethodField(help_text="read_only, idempotent or effectful, as at call time.")
     settled_by = serializers.SlugRelatedField(**_username)
     settled_outcome = serializers.ChoiceField(

@@ -6,6 +6,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from runs.models.effects import EffectStatus, ToolEffect
+
 
 class RunStatus(models.TextChoices):
     QUEUED = "queued", "queued"
@@ -250,7 +252,16 @@ class ToolCall(models.Model):
 
     @property
     def in_doubt(self) -> bool:
-        return self.status == ToolCallStatus.CALLED and not self.run.is_in_flight and not self.settled_outcome
+        """What the replay and resume rules call in doubt (runs.replay.CallFact.in_doubt): the run is over,
+        no person has settled the call, and it never answered or the effect it started never finished
+        (a tool that raised may have acted first)."""
+        if self.settled_outcome or self.run.is_in_flight:
+            return False
+        if self.status == ToolCallStatus.CALLED:
+            return True
+        return bool(self.effect_key) and ToolEffect.objects.filter(
+            key=self.effect_key, first_run_id=self.run_id, first_call_id=self.call_id, status=EffectStatus.STARTED
+        ).exists()
 
 
 class StepStatus(models.TextChoices):
