@@ -135,3 +135,20 @@ def agents_dir(settings, tmp_path):
     forget_agent_packages(directory, written)
     settings.AGENTS_DIR = original
     registry.AGENTS.reload()
+
+
+@pytest.fixture
+def model_down_at_second_call(monkeypatch):
+    """The model provider fails at the run's second model call; `restore()` brings it back."""
+    from agents import scripted
+
+    original = scripted.ScriptedLlm.generate_content_async
+
+    async def down(self, llm_request, stream=False):
+        if self.calls_made >= 1:
+            raise scripted.ScriptedModelError("The provider is down.")
+        async for response in original(self, llm_request, stream):
+            yield response
+
+    monkeypatch.setattr(scripted.ScriptedLlm, "generate_content_async", down)
+    return lambda: monkeypatch.setattr(scripted.ScriptedLlm, "generate_content_async", original)

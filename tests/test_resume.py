@@ -33,21 +33,6 @@ db = pytest.mark.django_db(transaction=True)
 SCRIPT = [SEND_EMAIL, UPDATE_CRM, {"say": "Emailed Jane and noted it."}]
 
 
-@pytest.fixture
-def model_down_at_second_call(monkeypatch):
-    """The model provider fails at the run's second model call; `restore()` brings it back."""
-    original = ScriptedLlm.generate_content_async
-
-    async def down(self, llm_request, stream=False):
-        if self.calls_made >= 1:
-            raise scripted.ScriptedModelError("The provider is down.")
-        async for response in original(self, llm_request, stream):
-            yield response
-
-    monkeypatch.setattr(ScriptedLlm, "generate_content_async", down)
-    return lambda: monkeypatch.setattr(ScriptedLlm, "generate_content_async", original)
-
-
 def execute(run: AgentRun) -> AgentRun:
     executor.execute(run.run_id)
     run.refresh_from_db()

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from agents.models import OutboxEmail
+from runs import executor, resume
 from runs.inbox import desk, processing, receipt
 from runs.models import AgentRun, EventStatus, RunStatus, WebhookEvent, WebhookSource
 from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL
@@ -266,3 +270,29 @@ def test_a_source_whose_agent_was_retired_is_refused_on_save():
         source.full_clean()
     assert "There is no agent named 'retired'" in str(refused.value)
     assert SECRET not in str(refused.value)
+
+
+def test_an_event_whose_run_a_person_resumed_waits_for_the_resume_then_closes(support_agent, model_down_at_second_call):
+    # The processor died after the attempt failed (the event is still `processing`, its lease
+    # run out) and a person resumed the run from the run desk before the event was looked at again.
+    event = processed_event([SEND_EMAIL, SAY_DONE], message_id="resumed")
+    original = event.runs.get()
+    assert original.status == RunStatus.ERROR
+    model_down_at_second_call()  # the provider is back
+    past = timezone.now() - timedelta(minutes=5)
+    WebhookEvent.objects.filter(pk=event.pk).update(status=EventStatus.PROCESSING, lease_expires_at=past, last_error="")
+    resumed = resume.resume_run(original.run_id, actor=support_agent)
+
+    # While the resume continues the run, the event waits: nobody needs to review it.
+    assert processing.claim_event(event_id=event.pk, worker="w1").run_id is None
+    event.refresh_from_db()
+    assert event.status == EventStatus.PROCESSING and event.last_error == ""
+
+    executor.execute(resumed.run_id)
+    assert AgentRun.objects.get(pk=resumed.pk).status == RunStatus.SUCCESS
+    WebhookEvent.objects.filter(pk=event.pk).update(lease_expires_at=past)
+    processing.claim_event(event_id=event.pk, worker="w2")
+    event.refresh_from_db()
+    assert event.status == EventStatus.DONE, event.last_error
+    assert f"finished by its resume, run {resumed.run_id}" in event.last_error
+    assert OutboxEmail.objects.count() == 1

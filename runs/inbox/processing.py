@@ -50,9 +50,24 @@ from runs.inbox import receipt
 from runs.inbox.attempts import files_follow_transaction, last_run, start_attempt, update_event
 from runs.inbox.refusals import REVIEW_HINT, event_wording
 from runs.models import AgentRun, EventStatus, RunStatus, WebhookEvent
-from runs.refusals import ReplayRefused, ToolsCalled, ToolsUnknown
+from runs.refusals import (
+    AlreadyReplayed,
+    AlreadyResumed,
+    ReplayInFlight,
+    ReplayRefused,
+    ResumeInFlight,
+    RunInFlight,
+    RunSucceeded,
+    ToolsCalled,
+    ToolsUnknown,
+)
 
 logger = logging.getLogger(__name__)
+
+# The event's last run, or what continues it (a replay or a resume), is still working: look later.
+STILL_GOING = (RunInFlight, ReplayInFlight, ResumeInFlight)
+# Its work was finished or taken over by a person's replay or resume: the event is done here.
+ALREADY_CONTINUED = (RunSucceeded, AlreadyReplayed, AlreadyResumed)
 
 # --- Processing ------------------------------------------------------------------------------------
 
@@ -118,9 +133,9 @@ def _advance(event: WebhookEvent, *, was: str, now: datetime) -> uuid.UUID | Non
     decision = rules.decide(previous, force=False)
     refusal = decision.refusal
     if refusal is not None:
-        if refusal.code in {"run_in_flight", "replay_in_flight"}:
+        if isinstance(refusal, STILL_GOING):
             return None
-        if refusal.code in {"run_succeeded", "already_replayed"}:
+        if isinstance(refusal, ALREADY_CONTINUED):
             update_event(event, status=EventStatus.DONE, last_error=event_wording(refusal),
                  lease_expires_at=None, leased_by="", finished_at=now)
             return None
