@@ -62,8 +62,10 @@ class OwnerFilter(admin.SimpleListFilter):
         return queryset
 
 
-@admin.register(MemoryEntry)
 class MemoryEntryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Memories as records. Registered by `runs.admin.memory`, which applies the owner rule the
+    API's memory door applies (memory knows no users or grants)."""
+
     list_display = ["timestamp", "agent_name", "owner_id", "author", "short_text", "run_link"]
     list_filter = [AgentFilter, OwnerFilter]
     # Searched through the full-text index (see get_search_results), not with LIKE.

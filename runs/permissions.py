@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import Q
+
 from memory.refusals import ScopeNotVisible
 from runs import visibility
 from runs.models import AgentRun, OwnerGrant
@@ -48,6 +50,16 @@ def may_act_for_owner(*, user: Any, owner_id: str) -> bool:
     if owner_id == user.get_username() or user.has_perm(ACT_FOR_ANY_OWNER):
         return True
     return OwnerGrant.objects.filter(user=user, owner_id=owner_id).exists()
+
+
+def owners_q(*, user: Any, field: str = "owner_id") -> Q:
+    """The owners `user` may act for, as a filter on `field`: the owner rule for a whole list."""
+    if not _is_person(user):
+        return Q(pk__in=[])
+    if user.has_perm(ACT_FOR_ANY_OWNER):
+        return Q()
+    granted = OwnerGrant.objects.filter(user=user).values("owner_id")
+    return Q(**{field: user.get_username()}) | Q(**{f"{field}__in": granted})
 
 
 def check_may_act_for_owner(*, user: Any, owner_id: str) -> None:

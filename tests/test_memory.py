@@ -250,13 +250,35 @@ def test_the_admin_forgets_the_selected_owners_after_a_confirmation(admin_client
 def test_staff_without_the_delete_permission_cannot_forget(client, support_agent, three_scopes):
     from django.contrib.auth.models import Permission
 
-    support_agent.user_permissions.add(Permission.objects.get(codename="view_memoryentry"))
+    # They may read every owner's memories, so it is the missing delete permission that stops them.
+    support_agent.user_permissions.add(*Permission.objects.filter(codename__in=["view_memoryentry", "act_for_any_owner"]))
     client.force_login(support_agent)
     changelist = reverse("admin:memory_memoryentry_changelist")
     assert "forget_selected_owners" not in client.get(changelist).content.decode()
     selected = MemoryEntry.objects.get(agent_name="support", owner_id="alice")
     client.post(changelist, {"action": "forget_selected_owners", "_selected_action": [selected.pk], "post": "yes"})
     assert MemoryEntry.objects.filter(owner_id="alice").count() == 2
+
+
+def test_the_admin_lists_only_the_memories_of_owners_one_may_act_for(client, support_agent, three_scopes):
+    from django.contrib.auth.models import Permission
+
+    from runs.models import OwnerGrant
+
+    support_agent.user_permissions.add(Permission.objects.get(codename="view_memoryentry"))
+    client.force_login(support_agent)
+    changelist = reverse("admin:memory_memoryentry_changelist")
+    alices = MemoryEntry.objects.get(agent_name="support", owner_id="alice")
+    # Neither alice nor bob is sam's to act for: the list is empty and an entry's page is not found.
+    page = client.get(changelist).content.decode()
+    assert "Lyon" not in page
+    assert client.get(reverse("admin:memory_memoryentry_change", args=[alices.pk])).status_code == 302
+
+    OwnerGrant.objects.create(user=support_agent, owner_id="alice", note="covers alice's account")
+    page = client.get(changelist).content.decode()
+    assert "Alice&#x27;s parcel goes to the Lyon office." in page and "Alice pays" in page
+    assert "Bob&#x27;s parcel" not in page
+    assert client.get(reverse("admin:memory_memoryentry_change", args=[alices.pk])).status_code == 200
 
 
 # --- Feeding and recall -----------------------------------------------------------------------------------
