@@ -219,6 +219,10 @@ async def run_agent(
     # A resumed run continues its original's session: no new user message, an answer for each
     # dangling call instead, and its scripted models where the original's stopped.
     plan: ResumePlan | None = await sync_to_async(resume_plan)(run) if run.resume_of_id else None
+    if plan is not None and plan.final_text is not None:
+        # Nothing was left unanswered and the agent had already answered: that answer is the result
+        # (another model call would only say something else after it).
+        return Outcome(RunStatus.SUCCESS, result=plan.final_text)
     if steps is not None:
         # A workflow run executes the graph it stored when it was written (its replays too).
         root = compile_workflow(run.workflow, params=run.params, recorder=steps)

@@ -476,6 +476,9 @@ class ResumePlan:
     responses: types.Content | None
     positions: dict[str, ScriptPosition]
     answers: tuple[Answer, ...] = ()
+    # The final answer the original already gave (it stopped after answering, before it was
+    # settled): the resume settles with it instead of asking the model for another one.
+    final_text: str | None = None
 
 
 class ResumeNoLongerPossible(RuntimeError):
@@ -499,7 +502,20 @@ def resume_plan(run: AgentRun) -> ResumePlan:
         responses=types.Content(role="user", parts=parts) if parts else None,
         positions=script_positions(run, not_done={answer.call_id for answer in answers if answer.not_done}),
         answers=answers,
+        final_text=None if answers else final_answer_given(original),
     )
+
+
+def final_answer_given(run: AgentRun) -> str | None:
+    """The text of `run`'s last event if it is an agent's final answer (text, no call, no error), else None."""
+    events = [data for invocation, data in _session_events(run) if invocation == run.invocation_id and not data.get("partial")]
+    if not events:
+        return None
+    last = events[-1]
+    if last.get("author") in (None, "", "user") or last.get("error_code") or _calls_of(last):
+        return None
+    text = "".join(part.get("text") or "" for part in _parts(last) if not part.get("thought"))
+    return text or None
 
 
 def script_positions(run: AgentRun, *, not_done: set[str]) -> dict[str, ScriptPosition]:

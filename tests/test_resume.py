@@ -64,6 +64,24 @@ def test_a_run_stopped_after_send_email_resumes_with_update_crm_only(alice, mode
     assert resumed.result == "Emailed Jane and noted it."
 
 
+@db
+def test_a_run_that_had_answered_before_it_stopped_resumes_to_that_answer_without_the_model(alice):
+    # Killed after the final answer was stored, before the run was settled (the sweep then records
+    # it as an error): the answer stands, so the resume settles with it and asks the model nothing.
+    answered = run_now(params=script_params(SEND_EMAIL, UPDATE_CRM, {"say": "Emailed Jane and noted it."}),
+                       created_by=alice)
+    AgentRun.objects.filter(pk=answered.pk).update(status=RunStatus.ERROR, error_code="reconciled", result="")
+    requests = []
+    scripted.request_observers.append(requests.append)
+    try:
+        resumed = execute(resume.resume_run(answered.run_id, actor=alice))
+    finally:
+        scripted.request_observers.remove(requests.append)
+    assert (resumed.status, resumed.result) == (RunStatus.SUCCESS, "Emailed Jane and noted it.")
+    assert requests == [] and resumed.tools_executed == []
+    assert OutboxEmail.objects.count() == 1 and CrmNote.objects.count() == 1
+
+
 # --- The API, and every refusal it can say -------------------------------------------------------
 
 
