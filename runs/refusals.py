@@ -324,7 +324,7 @@ class ResumeNotPermitted(Refusal):
 
     def __init__(self) -> None:
         super().__init__(
-            "Resuming someone else's run needs the permission “Can replay any run” (runs.replay_agentrun); "
+            "Resuming someone else's run needs the permission “Can replay another user's run” (runs.replay_agentrun); "
             "ask its creator or someone who has it."
         )
 
