@@ -446,15 +446,7 @@ def resume_run(run_id: Any, *, actor: Any) -> AgentRun:
             raise decision.refusal
         quotas.check_in_flight(user=actor)
         resumed = AgentRun.objects.create(
-            trigger=original.trigger,
-            agent_name=original.agent_name,
-            owner_id=original.owner_id,
-            created_by=actor if getattr(actor, "is_authenticated", False) else None,
-            config=original.config,
-            input_file=original.input_file,
-            input_file_name=original.input_file_name,
-            input_file_sha256=original.input_file_sha256,
-            input_file_size=original.input_file_size,
+            **original.successor_fields(actor=actor),
             resume_of=original,
             session_id=original.session_id,
             conversation_id=original.conversation_id,

@@ -357,15 +357,7 @@ def replay_run(
         forced = decision.overridden is not None
         quotas.check_in_flight(user=actor)
         replay = AgentRun.objects.create(
-            trigger=original.trigger,
-            agent_name=original.agent_name,
-            owner_id=original.owner_id,
-            created_by=actor if getattr(actor, "is_authenticated", False) else None,
-            config=original.config,
-            input_file=original.input_file,
-            input_file_name=original.input_file_name,
-            input_file_sha256=original.input_file_sha256,
-            input_file_size=original.input_file_size,
+            **original.successor_fields(actor=actor),
             replay_of=original,
             forced=forced,
             forced_by=actor if forced else None,

@@ -1,6 +1,7 @@
 """The run ledger's records: runs, their tool journal and their workflow steps."""
 
 import uuid
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -165,6 +166,21 @@ class AgentRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.agent_name} run {self.run_id}"
+
+    def successor_fields(self, *, actor: Any) -> dict[str, Any]:
+        """What a replay or a resume of this run takes over: its trigger, agent, owner and input as
+        written (the stored file included), started by `actor` (None for a system door)."""
+        return {
+            "trigger": self.trigger,
+            "agent_name": self.agent_name,
+            "owner_id": self.owner_id,
+            "created_by": actor if getattr(actor, "is_authenticated", False) else None,
+            "config": self.config,
+            "input_file": self.input_file,
+            "input_file_name": self.input_file_name,
+            "input_file_sha256": self.input_file_sha256,
+            "input_file_size": self.input_file_size,
+        }
 
     @property
     def message(self) -> str:
