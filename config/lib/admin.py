@@ -192,23 +192,37 @@ def confirm_with_reason(
             else:
                 extra = {action.choice.name: chosen} if action.choice is not None else {}
                 return perform(objects, cleaned, **extra)
-    context = {
+    return confirmation_page(
+        modeladmin,
+        request,
+        CONFIRMATION_TEMPLATE,
+        title=action.title,
+        objects=objects,
+        action=action,
+        question=action.question.format(objects_name=model_ngettext(queryset)),
+        rows=rows(objects),
+        reason=reason,
+        reason_error=error,
+        choice=action.choice,
+        chosen=chosen if chosen is not None else (action.choice.default if action.choice else None),
+        max_reason_chars=action.max_reason_chars,
+    )
+
+
+def confirmation_page(
+    modeladmin: Any, request: HttpRequest, template: str, *, title: str, objects: list[Any], **context: Any
+) -> TemplateResponse:
+    """A confirmation page on `admin/confirm_base.html`: the admin's frame and the selected `objects`,
+    which its form posts back (with `next`) so the confirmed post acts on the same ones."""
+    request.current_app = modeladmin.admin_site.name
+    return TemplateResponse(request, template, {
         **modeladmin.admin_site.each_context(request),
-        "title": action.title,
+        "title": title,
         "subtitle": None,
-        "action": action,
-        "question": action.question.format(objects_name=model_ngettext(queryset)),
-        "rows": rows(objects),
         "queryset": objects,
-        "reason": reason,
-        "reason_error": error,
-        "choice": action.choice,
-        "chosen": chosen if chosen is not None else (action.choice.default if action.choice else None),
-        "max_reason_chars": action.max_reason_chars,
         "next": safe_next(request) or "",
         "opts": modeladmin.model._meta,
         "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         "media": modeladmin.media,
-    }
-    request.current_app = modeladmin.admin_site.name
-    return TemplateResponse(request, CONFIRMATION_TEMPLATE, context)
+        **context,
+    })

@@ -11,12 +11,10 @@ from __future__ import annotations
 import json
 
 from django.contrib import admin
-from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseRedirect
-from django.template.response import TemplateResponse
 
-from config.lib.admin import act_on_each, back, safe_next
+from config.lib.admin import act_on_each, back, confirmation_page
 from runs import resume
 from runs.admin.actions import change_url, run_label
 from runs.models import AgentRun
@@ -61,17 +59,7 @@ def resume_selected(modeladmin, request, queryset):
     if not any(row["permitted"] for row in rows):
         # The API's rule: the run's creator, or runs.replay_agentrun.
         raise PermissionDenied
-    context = {
-        **modeladmin.admin_site.each_context(request),
-        "title": "Resume",
-        "subtitle": None,
-        "rows": rows,
-        "queryset": runs,
-        "any_allowed": any(row["allowed"] and row["permitted"] for row in rows),
-        "next": safe_next(request) or "",
-        "opts": modeladmin.model._meta,
-        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-        "media": modeladmin.media,
-    }
-    request.current_app = modeladmin.admin_site.name
-    return TemplateResponse(request, TEMPLATE, context)
+    return confirmation_page(
+        modeladmin, request, TEMPLATE, title="Resume", objects=runs, rows=rows,
+        any_allowed=any(row["allowed"] and row["permitted"] for row in rows),
+    )
