@@ -152,3 +152,31 @@ def model_down_at_second_call(monkeypatch):
 
     monkeypatch.setattr(scripted.ScriptedLlm, "generate_content_async", down)
     return lambda: monkeypatch.setattr(scripted.ScriptedLlm, "generate_content_async", original)
+
+
+@pytest.fixture
+def requests_seen():
+    """Every request the scripted model receives (ADK's LlmRequest), from now on; `clear()` it to
+    watch one stretch."""
+    from agents import scripted
+
+    seen: list = []
+    scripted.request_observers.append(seen.append)
+    yield seen
+    scripted.request_observers.remove(seen.append)
+
+
+
+@pytest.fixture
+def model_requests():
+    """Every request the scripted model receives, as the text of its contents."""
+    from agents import scripted
+
+    seen: list[str] = []
+
+    def observe(request) -> None:
+        seen.append("\n".join(part.text or "" for content in request.contents for part in content.parts or []))
+
+    scripted.request_observers.append(observe)
+    yield seen
+    scripted.request_observers.remove(observe)

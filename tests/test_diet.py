@@ -12,7 +12,7 @@ from google.adk.agents import LlmAgent
 from google.adk.models.llm_request import LlmRequest
 from google.genai import types
 
-from agents import diet, registry, scripted
+from agents import diet, registry
 from agents.models import AdkEvent
 from tests.helpers import SAY_DONE, run_now, script_params
 
@@ -20,14 +20,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 IMAGE_BYTES = 120_000
 PROSE = ("The customer explained at length why the refund matters to her, sentence after sentence. " * 200).strip()
-
-
-@pytest.fixture
-def requests_seen():
-    seen: list[LlmRequest] = []
-    scripted.request_observers.append(seen.append)
-    yield seen
-    scripted.request_observers.remove(seen.append)
 
 
 def _image(turn: int) -> bytes:

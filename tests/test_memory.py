@@ -23,7 +23,6 @@ from rest_framework.test import APIClient
 from agents import registry
 from agents.adk import run_coroutine
 from agents.models import AdkEvent
-from agents.scripted import request_observers
 from memory import services, tasks
 from memory.adk import memory_service
 from memory.models import MemoryEntry, ScopeRequired
@@ -72,19 +71,6 @@ def texts_of(agent: str, owner_id: str) -> list[str]:
     return list(
         MemoryEntry.objects.filter(agent_name=agent, owner_id=owner_id).order_by("timestamp", "id").values_list("text", flat=True)
     )
-
-
-@pytest.fixture
-def model_requests():
-    """Every request the scripted model receives, as the text of its contents."""
-    seen: list[str] = []
-
-    def observe(request) -> None:
-        seen.append("\n".join(part.text or "" for content in request.contents for part in content.parts or []))
-
-    request_observers.append(observe)
-    yield seen
-    request_observers.remove(observe)
 
 
 @pytest.fixture

@@ -40,16 +40,12 @@ def execute(run: AgentRun) -> AgentRun:
 
 
 @db
-def test_a_run_stopped_after_send_email_resumes_with_update_crm_only(alice, model_down_at_second_call):
+def test_a_run_stopped_after_send_email_resumes_with_update_crm_only(alice, model_down_at_second_call, requests_seen):
     original = run_now(params=script_params(*SCRIPT), created_by=alice)
     assert (original.status, original.tools_executed) == (RunStatus.ERROR, ["send_email"])
     model_down_at_second_call()
-    requests = []
-    scripted.request_observers.append(requests.append)
-    try:
-        resumed = execute(resume.resume_run(original.run_id, actor=alice))
-    finally:
-        scripted.request_observers.remove(requests.append)
+    requests_seen.clear()  # only what the model is asked from here on
+    resumed = execute(resume.resume_run(original.run_id, actor=alice))
     assert resumed.status == RunStatus.SUCCESS, resumed.error_message
     assert resumed.tools_executed == ["update_crm"]
     assert resumed.session_id == original.session_id and resumed.resume_of_id == original.run_id
@@ -58,27 +54,23 @@ def test_a_run_stopped_after_send_email_resumes_with_update_crm_only(alice, mode
     (crm,) = resumed.tool_calls.all()
     assert (crm.tool_name, crm.effect, crm.status) == ("update_crm", "idempotent", "answered")
     assert ToolEffect.objects.get(key=crm.effect_key).intent_id == f"run:{original.run_id}"
-    history = [part.function_response.response for content in requests[0].contents for part in content.parts
+    history = [part.function_response.response for content in requests_seen[0].contents for part in content.parts
                if part.function_response]
     assert history and history[0]["status"] == "sent"
     assert resumed.result == "Emailed Jane and noted it."
 
 
 @db
-def test_a_run_that_had_answered_before_it_stopped_resumes_to_that_answer_without_the_model(alice):
+def test_a_run_that_had_answered_before_it_stopped_resumes_to_that_answer_without_the_model(alice, requests_seen):
     # Killed after the final answer was stored, before the run was settled (the sweep then records
     # it as an error): the answer stands, so the resume settles with it and asks the model nothing.
     answered = run_now(params=script_params(SEND_EMAIL, UPDATE_CRM, {"say": "Emailed Jane and noted it."}),
                        created_by=alice)
     AgentRun.objects.filter(pk=answered.pk).update(status=RunStatus.ERROR, error_code="reconciled", result="")
-    requests = []
-    scripted.request_observers.append(requests.append)
-    try:
-        resumed = execute(resume.resume_run(answered.run_id, actor=alice))
-    finally:
-        scripted.request_observers.remove(requests.append)
+    requests_seen.clear()  # only what the model is asked from here on
+    resumed = execute(resume.resume_run(answered.run_id, actor=alice))
     assert (resumed.status, resumed.result) == (RunStatus.SUCCESS, "Emailed Jane and noted it.")
-    assert requests == [] and resumed.tools_executed == []
+    assert requests_seen == [] and resumed.tools_executed == []
     assert OutboxEmail.objects.count() == 1 and CrmNote.objects.count() == 1
 
 
@@ -173,7 +165,7 @@ def test_a_workflow_run_is_refused_with_its_own_code(api, alice):
 
 
 @db
-def test_a_call_in_doubt_settled_done_is_answered_from_the_settlement(alice, admin_user):
+def test_a_call_in_doubt_settled_done_is_answered_from_the_settlement(alice, admin_user, requests_seen):
     original = run_now(params=script_params(dict(SEND_EMAIL, tool_fails="SMTP timeout"), SAY_DONE),
                        created_by=alice)
     call = original.tool_calls.get()
@@ -182,15 +174,11 @@ def test_a_call_in_doubt_settled_done_is_answered_from_the_settlement(alice, adm
     preview = resume.decide_resume(original).answers
     assert [(a.kind, a.response["evidence"]) for a in preview] == [
         (resume.SETTLED_DONE, "The outbox shows the email to Jane.")]
-    requests = []
-    scripted.request_observers.append(requests.append)
-    try:
-        resumed = execute(resume.resume_run(original.run_id, actor=alice))
-    finally:
-        scripted.request_observers.remove(requests.append)
+    requests_seen.clear()  # only what the model is asked from here on
+    resumed = execute(resume.resume_run(original.run_id, actor=alice))
     assert resumed.status == RunStatus.SUCCESS, resumed.error_message
     assert resumed.tools_executed == [] and OutboxEmail.objects.count() == 1
-    seen = [p.function_response.response for c in requests[0].contents for p in c.parts if p.function_response]
+    seen = [p.function_response.response for c in requests_seen[0].contents for p in c.parts if p.function_response]
     assert seen[0]["status"] == "done" and seen[0]["evidence"] == "The outbox shows the email to Jane."
     assert resumed.result == "Done."
     titles = [item["title"] for item in timeline.timeline_items(timeline.run_events(resumed))]
@@ -343,7 +331,7 @@ def test_the_resume_page_asks_the_apis_permission(run_viewer, alice):
 
 
 @db
-def test_a_failed_chat_turn_resumes_in_its_conversation_and_the_next_turn_follows_it(alice, model_down_at_second_call):
+def test_a_failed_chat_turn_resumes_in_its_conversation_and_the_next_turn_follows_it(alice, model_down_at_second_call, requests_seen):
     from runs.chat import turns
 
     first = turns.begin_turn(user=alice, agent_name="support", owner_id="alice", message="Email Jane.",
@@ -362,18 +350,14 @@ def test_a_failed_chat_turn_resumes_in_its_conversation_and_the_next_turn_follow
     resumed = execute(resumed)
     assert resumed.status == RunStatus.SUCCESS and resumed.tools_executed == ["update_crm"]
 
-    requests = []
-    scripted.request_observers.append(requests.append)
-    try:
-        second = execute(turns.begin_turn(
-            user=alice, agent_name="support", owner_id="alice", message="Thanks!",
-            conversation_id=first.conversation_id, params=script_params({"say": "You're welcome."})))
-    finally:
-        scripted.request_observers.remove(requests.append)
+    requests_seen.clear()  # only what the model is asked from here on
+    second = execute(turns.begin_turn(
+        user=alice, agent_name="support", owner_id="alice", message="Thanks!",
+        conversation_id=first.conversation_id, params=script_params({"say": "You're welcome."})))
     assert (second.status, second.result, second.tools_executed) == (RunStatus.SUCCESS, "You're welcome.", [])
     said = [(content.role, part.text or (part.function_call and part.function_call.name)
              or (part.function_response and part.function_response.name))
-            for content in requests[0].contents for part in content.parts]
+            for content in requests_seen[0].contents for part in content.parts]
     # The whole conversation, in order: the first turn, its resume, then the new message.
     assert [text for _role, text in said if text] [-5:] == [
         "send_email", "update_crm", "update_crm", "Emailed Jane and noted it.", "Thanks!"]
