@@ -210,13 +210,19 @@ def _calls_of(data: dict) -> list[dict]:
     return [part["function_call"] for part in _parts(data) if part.get("function_call")]
 
 
-def gather_resume_facts(run: AgentRun) -> ResumeFacts:
-    successors = tuple(
+def successors_of(run: AgentRun) -> tuple[Successor, ...]:
+    """The runs that replay or resume `run`, newest first."""
+    return tuple(
         Successor(run_id, status, RESUME if resume_of_id == run.run_id else REPLAY)
         for run_id, status, resume_of_id in AgentRun.objects.filter(Q(replay_of_id=run.run_id) | Q(resume_of_id=run.run_id))
         .order_by("-created_at")
         .values_list("run_id", "status", "resume_of_id")
     )
+
+
+def gather_resume_facts(run: AgentRun, *, successors: tuple[Successor, ...] | None = None) -> ResumeFacts:
+    if successors is None:
+        successors = successors_of(run)
     facts = journal_facts(run)
     extra = {
         call_id: (note, summary, key)
@@ -332,15 +338,16 @@ def answers_for(facts: ResumeFacts) -> tuple[Answer, ...]:
 
 
 def decide_resume(run: AgentRun, *, facts: ResumeFacts | None = None) -> ResumeDecision:
-    if facts is None:
-        facts = gather_resume_facts(run)
+    # The first refusals need only the row and its successors: most runs shown (in flight, or
+    # succeeded) are decided without reading their session's events.
     if run.status in IN_FLIGHT:
         return ResumeDecision(ResumeRunInFlight(
             f"This run is still {run.status}: there is nothing to resume yet. Wait for it to finish, or cancel it.",
             status=run.status,
         ))
-    if facts.successors:
-        successor = facts.successors[0]
+    successors = facts.successors if facts is not None else successors_of(run)
+    if successors:
+        successor = successors[0]
         if successor.kind == RESUME:
             return ResumeDecision(AlreadyContinued(
                 f"This run was already resumed by run {successor.run_id} ({successor.status}): a run is continued "
@@ -354,6 +361,8 @@ def decide_resume(run: AgentRun, *, facts: ResumeFacts | None = None) -> ResumeD
         ))
     if run.status == RunStatus.SUCCESS:
         return ResumeDecision(ResumeRunSucceeded("This run succeeded: there is nothing left to continue."))
+    if facts is None:
+        facts = gather_resume_facts(run, successors=successors)
     if facts.later_run is not None:
         later_id, later_status = facts.later_run
         return ResumeDecision(ConversationMovedOn(

@@ -74,6 +74,19 @@ def test_a_run_that_had_answered_before_it_stopped_resumes_to_that_answer_withou
     assert OutboxEmail.objects.count() == 1 and CrmNote.objects.count() == 1
 
 
+@db
+def test_a_run_that_succeeded_or_is_in_flight_is_decided_without_reading_its_session(alice):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    succeeded = run_now(params=script_params(SAY_DONE), created_by=alice)
+    running = make_run(status=RunStatus.RUNNING, created_by=alice, heartbeat_at=timezone.now())
+    for run, code in ((succeeded, "run_succeeded"), (running, "run_in_flight")):
+        with CaptureQueriesContext(connection) as queries:
+            assert resume.decide_resume(run).code == code
+        assert not [q["sql"] for q in queries.captured_queries if '"events"' in q["sql"]], code
+
+
 # --- The API, and every refusal it can say -------------------------------------------------------
 
 
