@@ -433,7 +433,7 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "config.lib.api_errors.api_exception_handler",
     # One strict JSON reading for every API view (config/lib/safe_json.py).
     "DEFAULT_PARSER_CLASSES": [
-        "config.lib.safe_json.StrictJSONParser",
+        "config.lib.parsers.StrictJSONParser",
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],

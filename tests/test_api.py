@@ -182,7 +182,7 @@ def test_a_huge_upload_is_refused_before_it_is_read(as_alice, settings):
     from django.core.files.uploadedfile import SimpleUploadedFile
 
     settings.MAX_UPLOAD_BYTES = 1000
-    from config.lib.parsers import MULTIPART_OVERHEAD_BYTES
+    from config.lib.limits import MULTIPART_OVERHEAD_BYTES
 
     big = SimpleUploadedFile("big.bin", b"x" * (MULTIPART_OVERHEAD_BYTES + 5000))
     response = as_alice.post(

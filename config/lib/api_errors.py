@@ -24,15 +24,10 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from config.lib.limits import RequestTooLarge
 from config.lib.refusals import Refusal
 
 logger = logging.getLogger(__name__)
-
-
-class RequestTooLarge(exceptions.APIException):
-    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-    default_code = "request_too_large"
-    default_detail = "The request body is too large."
 
 
 class InvalidCursor(exceptions.APIException):

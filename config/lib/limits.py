@@ -8,6 +8,9 @@ reading a byte, and a chunked body is counted as it streams in and cut off past 
 `body_limit_middleware` (a Django middleware) applies the same rule to the declared length on
 every other path (WSGI, the test client).
 
+The API's parsers (`config.lib.parsers`) read at most the same limits and raise this module's
+`RequestTooLarge`, so every limit and its refusal live here.
+
 Each path has its own limit: an upload to `POST /api/runs/` gets MAX_UPLOAD_BYTES plus room for
 the form around it, the webhook inbox WEBHOOK_MAX_BYTES, everything else DATA_UPLOAD_MAX_MEMORY_SIZE
 (set from MAX_REQUEST_BODY_BYTES).
@@ -25,9 +28,9 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from rest_framework import exceptions, status
 
 from config.lib.middleware import refusing_middleware
-from config.lib.parsers import MULTIPART_OVERHEAD_BYTES
 
 # Room for the form fields and multipart framing around an upload of MAX_UPLOAD_BYTES.
+MULTIPART_OVERHEAD_BYTES = 1024 * 1024
 
 UPLOAD_PATH = "/api/runs/"
 WEBHOOK_PREFIX = "/api/webhooks/"
@@ -51,13 +54,12 @@ class BodyLimit:
 
 
 class RequestTooLarge(exceptions.APIException):
-    """Raised by parsers that read a body themselves; answered in the API's error format."""
+    """A body over its limit found by a parser that reads it (`config.lib.parsers`) or by Django
+    (`RequestDataTooBig`, too many fields); answered in the API's error format."""
 
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     default_code = "request_too_large"
-
-    def __init__(self, *, limit: int, setting: str):
-        super().__init__(BodyLimit(limit, setting).detail(), code=self.default_code)
+    default_detail = "The request body is too large."
 
 
 def body_limit(*, method: str, path: str, content_type: str) -> BodyLimit:

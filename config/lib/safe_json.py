@@ -17,9 +17,6 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from rest_framework import parsers
-from rest_framework.exceptions import ParseError
-
 # Deep enough for any real document (scripts, webhook payloads), far from the interpreter's stack.
 MAX_DEPTH = 32
 # Longer than any identifier or amount; far below the digits where int() turns quadratic.
@@ -143,23 +140,3 @@ def loads(data: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
     except (ValueError, RecursionError) as exc:
         raise UnsafeInput(f"This JSON cannot be read: {exc}.") from None
     return check_value(value, max_depth=max_depth)
-
-
-class StrictJSONParser(parsers.JSONParser):
-    """DRF's JSON parser with `loads` above; reads at most DATA_UPLOAD_MAX_MEMORY_SIZE bytes."""
-
-    def parse(self, stream, media_type=None, parser_context=None):
-        from django.conf import settings
-
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        body = stream.read(limit + 1) if stream is not None else b""
-        if limit is not None and len(body) > limit:
-            from config.lib.limits import RequestTooLarge
-
-            raise RequestTooLarge(limit=limit, setting="MAX_REQUEST_BODY_BYTES")
-        if not body:
-            raise ParseError("The body is empty: send a JSON object.")
-        try:
-            return loads(body)
-        except UnsafeInput as exc:
-            raise ParseError(str(exc)) from None

@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.reverse import reverse
 
 from config.lib.api_errors import InvalidCursor, errors
-from config.lib.parsers import BoundedJSONParser, BoundedMultiPartParser
+from config.lib.parsers import BoundedMultiPartParser, StrictJSONParser
 from config.lib.serializers import EmptySerializer
 from config.lib.throttles import REPLAY, START_RUN, ScopedUserRateThrottle
 from runs import effects, reconcile, resume, services, timeline, visibility
@@ -93,7 +93,7 @@ LIST_FILTERS = [
 class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = RunSerializer
     pagination_class = RunCursorPagination
-    parser_classes = [BoundedJSONParser, parsers.FormParser, BoundedMultiPartParser]
+    parser_classes = [StrictJSONParser, parsers.FormParser, BoundedMultiPartParser]
     throttle_classes = [ScopedUserRateThrottle]
     throttle_scopes = {"create": START_RUN, "replay": REPLAY, "resume": REPLAY}
     lookup_field = "run_id"
