@@ -8,7 +8,8 @@ pending calls instead of leaving them dangling.
 Three doors share one implementation: `drive()` for a run the worker's pool (`runs.worker`)
 claimed and keeps in flight beside others, `execute()` for a caller that waits for its run
 (`run_agent --inline`, tasks outside a cluster), and `aexecute()` for a chat turn streamed by the
-ASGI server on its own loop. All claim, beat, run and settle in the same way.
+ASGI server on its own loop. All claim, beat, run and settle in the same way. What a run came to
+(its `Outcome`, said for people) is `runs.outcomes`.
 """
 
 from __future__ import annotations
@@ -19,48 +20,34 @@ import mimetypes
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.db import transaction
 from google.adk.agents.run_config import RunConfig
 from google.adk.apps import App
 from google.adk.errors.already_exists_error import AlreadyExistsError
 from google.adk.events.event import Event
 from google.adk.runners import Runner
-from google.genai import errors as genai_errors
 from google.genai import types
 
 from agents.adk import drop_unusable_connection, refresh_orm_thread_connections, run_coroutine, session_service
 from agents.registry import build_agent, build_app, get_agent_spec
-from agents.retrying import EMPTY_TURN, RATE_LIMIT, RetryLog, current_retry_log, is_rate_limit
-from agents.scripted import ScriptedModelError
-from agents.workflows import StepEndedWithError, compile_workflow, original_error
+from agents.retrying import RetryLog, current_retry_log
+from agents.workflows import compile_workflow
 from memory.adk import memory_service
 from memory.services import remember_events
-from runs import lifecycle, telemetry
+from runs import lifecycle, outcomes, telemetry
 from runs.counters import MODEL_RETRIES
-from runs.effects import EffectsPlugin, effect_in_doubt_of
+from runs.effects import EffectsPlugin
 from runs.heartbeat import process_heartbeat
-from runs.journal import JournalPlugin, duplicate_call_of
+from runs.journal import JournalPlugin
 from runs.models import AgentRun, RunStatus
+from runs.outcomes import Outcome
 from runs.resume import ResumePlan, resume_plan
-from runs.steps import RunStepRecorder, output_text
+from runs.steps import RunStepRecorder
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class Outcome:
-    status: str
-    error_code: str = ""
-    error_message: str = ""
-    result: str = ""
-    # The run's stored events as ADK yielded them: what a successful run adds to memory,
-    # without reading the session back.
-    events: list[Event] = field(default_factory=list)
 
 
 class RunControl:
@@ -108,103 +95,58 @@ def user_content(run: AgentRun) -> types.Content:
     return types.Content(role="user", parts=parts)
 
 
-def _final_text(event) -> str:
-    if not event.content or not event.content.parts:
-        return ""
-    return "".join(part.text or "" for part in event.content.parts if not getattr(part, "thought", False))
-
-
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
-
-
-def rate_limit_message(exc: genai_errors.ClientError, retries: RetryLog | None) -> str:
-    said = f"The model provider rate-limited the run (429 {exc.status or 'RESOURCE_EXHAUSTED'})"
-    gave_up = retries.gave_up if retries is not None else None
-    if not gave_up or gave_up.get("reason") != RATE_LIMIT:
-        return f"{said} in the middle of an answer, which cannot be retried safely."
-    count = gave_up["retries"]
-    if gave_up.get("over_max_wait"):
-        return (
-            f"{said}; the model call was retried {_plural(count, 'time')}, then the provider's "
-            f"next wait of {gave_up['next_delay_s']:g} s would have passed "
-            f"MODEL_RETRY_MAX_WAIT_SECONDS={settings.MODEL_RETRY_MAX_WAIT_SECONDS:g}, so it gave up."
-        )
-    return (
-        f"{said} and was still rate limited after the model call was retried "
-        f"{_plural(count, 'time')} over {gave_up['waited_s']:g} s "
-        f"(MODEL_RATE_LIMIT_RETRIES={settings.MODEL_RATE_LIMIT_RETRIES})."
-    )
-
-
-def describe_exception(exc: BaseException, plugin: JournalPlugin, retries: RetryLog | None = None) -> Outcome:
-    in_doubt = effect_in_doubt_of(exc)
-    if in_doubt is not None:
-        return Outcome(RunStatus.ERROR, "effect_in_doubt", str(in_doubt))
-    duplicate = duplicate_call_of(exc)
-    if duplicate is not None:
-        return Outcome(RunStatus.ERROR, "duplicate_call_id", str(duplicate))
-    tool_error = next((e for e in plugin.tool_errors.values() if e is exc), None)
-    if tool_error is not None:
-        return Outcome(RunStatus.ERROR, "tool_failed", f"A tool failed: {type(exc).__name__}: {exc}")
-    if is_rate_limit(exc):
-        return Outcome(RunStatus.ERROR, "rate_limited", rate_limit_message(exc, retries))
-    if isinstance(exc, genai_errors.APIError | ScriptedModelError):
-        return Outcome(RunStatus.ERROR, "model_error", f"The model call failed: {exc}")
-    return Outcome(RunStatus.ERROR, "agent_error", f"{type(exc).__name__}: {exc}")
-
-
-def describe_step_failure(
-    exc: BaseException, steps: RunStepRecorder, plugin: JournalPlugin, retries: RetryLog | None = None
-) -> Outcome:
-    """A workflow's failure, said as its first failing step's (a retried step's own error, unwrapped)."""
-    error = original_error(exc)
-    if isinstance(error, StepEndedWithError) and error.code == "MODEL_RETURNED_NO_CONTENT":
-        outcome = Outcome(RunStatus.ERROR, "empty_turn", empty_turn_message(retries) if retries else EMPTY_TURN_MESSAGE)
-    elif isinstance(error, StepEndedWithError):
-        outcome = Outcome(RunStatus.ERROR, error.code.lower()[:64], error.message or error.code)
-    else:
-        outcome = describe_exception(error, plugin, retries)
-    if steps.first_failure is not None:
-        node_path, _error = steps.first_failure
-        step = node_path.rsplit("/", 1)[-1].split("@", 1)[0]
-        outcome.error_message = f"Step “{step}” ({node_path}) failed. {outcome.error_message}"
-    return outcome
-
-
-EMPTY_TURN_MESSAGE = "The model returned an empty answer, so the run stopped without a result."
-
-
-def empty_turn_message(retries: RetryLog) -> str:
-    gave_up = retries.gave_up or {}
-    count = gave_up.get("retries", 0) if gave_up.get("reason") == EMPTY_TURN else 0
-    if not count:
-        return EMPTY_TURN_MESSAGE
-    return (
-        f"The model returned an empty answer {count + 1} times in a row (it was asked again "
-        f"{_plural(count, 'time')}, EMPTY_TURN_RETRIES={settings.EMPTY_TURN_RETRIES}), so the run "
-        "stopped without a result."
-    )
-
-
-CLIENT_DISCONNECTED = "client_disconnected"
-WORKER_SHUTDOWN = "worker_shutdown"
-
-
-def worker_shutdown_message() -> str:
-    return (
-        f"The worker was stopped before the run finished: it had RUN_DRAIN_SECONDS="
-        f"{settings.RUN_DRAIN_SECONDS:g} s to finish, then it was aborted. Check what it called "
-        "before running it again."
-    )
-
-
 def retry_log_for(run: AgentRun) -> RetryLog:
     async def store(entries: list[dict]) -> None:
         MODEL_RETRIES.labels(reason=entries[-1]["reason"]).inc()  # called once per retry
         await AgentRun.objects.filter(pk=run.run_id).aupdate(model_retries=entries)
 
     return RetryLog(on_change=store)
+
+
+def _build_app(run: AgentRun, *, plan: ResumePlan | None, plugins: list, steps: RunStepRecorder | None) -> App:
+    if steps is not None:
+        # A workflow run executes the graph it stored when it was written (its replays too).
+        root = compile_workflow(run.workflow, params=run.params, recorder=steps)
+        return App(name=run.agent_name, root_agent=root, plugins=plugins)
+    # The run's own wrapped copy of the loaded agent tree; the package's App keeps its plugins.
+    spec = get_agent_spec(run.agent_name)
+    root = build_agent(spec, params=run.params, positions=plan.positions if plan else None)
+    return build_app(spec, root=root, name=run.agent_name, plugins=plugins)
+
+
+async def _prepare_session(run: AgentRun, plan: ResumePlan | None) -> None:
+    sessions = session_service()
+    try:
+        # Most runs get a fresh session: create it without reading first.
+        await sessions.create_session(app_name=run.agent_name, user_id=run.owner_id, session_id=run.session_id)
+    except AlreadyExistsError:
+        pass  # a conversation's session, created by its first turn
+    if plan is not None and plan.responses is not None:
+        await append_responses(run, plan)
+
+
+async def _run_events(
+    runner: Runner, run: AgentRun, *, resumed: bool, abort_event: asyncio.Event,
+    on_event: Callable[[Event], None] | None, seen: outcomes.RunEvents,
+) -> None:
+    """Run the agent, noting what its events say in `seen` as they come (an exception keeps what came)."""
+    async for event in runner.run_async(
+        user_id=run.owner_id,
+        session_id=run.session_id,
+        invocation_id=run.invocation_id,
+        new_message=None if resumed else user_content(run),
+        run_config=RunConfig(custom_metadata={"run_id": str(run.run_id)}),
+        abort_signal=abort_event,
+        yield_user_message=True,
+    ):
+        own_message = (
+            event.author == "user" and event.invocation_id == run.invocation_id and not event.get_function_responses()
+        )
+        # The run's own message is kept for memory; callers never asked to see it.
+        if on_event is not None and not own_message:
+            on_event(event)
+        if not event.partial:
+            seen.stored(event)
 
 
 async def run_agent(
@@ -223,90 +165,32 @@ async def run_agent(
         # Nothing was left unanswered and the agent had already answered: that answer is the result
         # (another model call would only say something else after it).
         return Outcome(RunStatus.SUCCESS, result=plan.final_text)
-    if steps is not None:
-        # A workflow run executes the graph it stored when it was written (its replays too).
-        root = compile_workflow(run.workflow, params=run.params, recorder=steps)
-        app = App(name=run.agent_name, root_agent=root, plugins=plugins)
-    else:
-        # The run's own wrapped copy of the loaded agent tree; the package's App keeps its plugins.
-        spec = get_agent_spec(run.agent_name)
-        root = build_agent(spec, params=run.params, positions=plan.positions if plan else None)
-        app = build_app(spec, root=root, name=run.agent_name, plugins=plugins)
+    app = _build_app(run, plan=plan, plugins=plugins, steps=steps)
     # Set before ADK creates its tasks, which copy the context: every model call finds the log.
     log_token = current_retry_log.set(retries)
-    sessions = session_service()
-    try:
-        # Most runs get a fresh session: create it without reading first.
-        await sessions.create_session(app_name=run.agent_name, user_id=run.owner_id, session_id=run.session_id)
-    except AlreadyExistsError:
-        pass  # a conversation's session, created by its first turn
-    if plan is not None and plan.responses is not None:
-        await append_responses(run, plan)
-    runner = Runner(app=app, session_service=sessions, memory_service=memory_service())
+    await _prepare_session(run, plan)
+    runner = Runner(app=app, session_service=session_service(), memory_service=memory_service())
     abort_event = asyncio.Event()
     control.attach(asyncio.get_running_loop(), abort_event)
-    texts: list[str] = []
-    events: list[Event] = []
-    last_error: tuple[str, str] | None = None
+    seen = outcomes.RunEvents()
     try:
-        async for event in runner.run_async(
-            user_id=run.owner_id,
-            session_id=run.session_id,
-            invocation_id=run.invocation_id,
-            new_message=None if plan is not None else user_content(run),
-            run_config=RunConfig(custom_metadata={"run_id": str(run.run_id)}),
-            abort_signal=abort_event,
-            yield_user_message=True,
-        ):
-            if not event.partial:
-                events.append(event)
-            if event.author == "user" and event.invocation_id == run.invocation_id and not event.get_function_responses():
-                continue  # the run's own message, kept for memory; callers never asked to see it
-            if on_event is not None:
-                on_event(event)
-            if event.partial:
-                continue
-            if event.error_code:
-                last_error = (event.error_code, event.error_message or "")
-            if event.author != "user" and event.is_final_response():
-                text = _final_text(event)
-                if text:
-                    texts.append(text)
+        await _run_events(
+            runner, run, resumed=plan is not None, abort_event=abort_event, on_event=on_event, seen=seen
+        )
     except Exception as exc:  # noqa: BLE001 - every failure becomes the run's recorded outcome
         if control.abort_reason is None:
             logger.info("Run %s failed: %r", run.run_id, exc)
             if steps is not None:
-                return describe_step_failure(exc, steps, plugin, retries)
-            return describe_exception(exc, plugin, retries)
+                return outcomes.describe_step_failure(exc, steps, plugin, retries)
+            return outcomes.describe_exception(exc, plugin, retries)
     finally:
         current_retry_log.reset(log_token)
         await runner.close()
-
-    if control.abort_reason == "cancel_requested":
-        return Outcome(RunStatus.CANCELLED, "cancelled", "The run was cancelled on request.")
-    if control.abort_reason == CLIENT_DISCONNECTED:
-        return Outcome(
-            RunStatus.CANCELLED, CLIENT_DISCONNECTED, "The chat client disconnected, so the run was cancelled."
-        )
-    if control.abort_reason == WORKER_SHUTDOWN:
-        return Outcome(RunStatus.ERROR, WORKER_SHUTDOWN, worker_shutdown_message())
-    if control.abort_reason == "timeout":
-        return Outcome(
-            RunStatus.ERROR,
-            "timeout",
-            f"The run exceeded its time limit of {settings.RUN_TIMEOUT_SECONDS} s (RUN_TIMEOUT_SECONDS) and was stopped.",
-        )
-    # A workflow's steps turn their own error events into failures (above); an error event of
-    # an attempt that was retried afterwards is not the run's outcome.
-    if last_error is not None and steps is None:
-        code, message = last_error
-        if code == "MODEL_RETURNED_NO_CONTENT":
-            return Outcome(RunStatus.ERROR, "empty_turn", empty_turn_message(retries))
-        if code != "INVOCATION_ABORTED":
-            return Outcome(RunStatus.ERROR, code.lower()[:64], message or code)
-    if steps is not None:
-        return Outcome(RunStatus.SUCCESS, result=output_text(steps.final_output), events=events)
-    return Outcome(RunStatus.SUCCESS, result="\n".join(texts), events=events)
+    if control.abort_reason is not None:
+        aborted = outcomes.aborted(control.abort_reason)
+        if aborted is not None:
+            return aborted
+    return outcomes.finished(seen, steps=steps, retries=retries)
 
 
 async def append_responses(run: AgentRun, plan: ResumePlan) -> None:
@@ -324,9 +208,6 @@ async def append_responses(run: AgentRun, plan: ResumePlan) -> None:
         Event(invocation_id=run.invocation_id, author="user", content=plan.responses,
               custom_metadata={"run_id": str(run.run_id)}),
     )
-
-
-INTERNAL_OUTCOME = Outcome(RunStatus.ERROR, "internal", "The worker stopped before the run finished.")
 
 
 def begin(run_id: uuid.UUID, control: RunControl) -> bool:
@@ -389,7 +270,7 @@ def execute(run_id: uuid.UUID) -> str:
     control = RunControl(run_id)
     if not begin(run_id, control):
         return "not claimed"
-    outcome = INTERNAL_OUTCOME
+    outcome = outcomes.INTERNAL_OUTCOME
     try:
         refresh_orm_thread_connections()
         outcome = run_coroutine(run_claimed(run_id, control))
@@ -402,7 +283,7 @@ async def drive(
     run_id: uuid.UUID, control: RunControl, *, on_event: Callable[[Event], None] | None = None
 ) -> Outcome:
     """Run a claimed run on the running loop and settle it, whatever happens (the `finally`)."""
-    outcome = INTERNAL_OUTCOME
+    outcome = outcomes.INTERNAL_OUTCOME
     try:
         await sync_to_async(drop_unusable_connection)()
         outcome = await run_claimed(run_id, control, on_event=on_event)

@@ -21,7 +21,7 @@ from config.lib.observability import RUN_ID_ATTRIBUTE, bound_run_id
 from runs.models import AgentRun, RunStatus
 
 if TYPE_CHECKING:
-    from runs.executor import Outcome
+    from runs.outcomes import Outcome
 
 tracer = trace.get_tracer("agent_ledger.runs")
 

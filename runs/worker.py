@@ -36,7 +36,7 @@ from django.conf import settings
 from django.db import connection
 
 from agents.adk import release_process_resources, submit_coroutine
-from runs import executor, lifecycle
+from runs import executor, lifecycle, outcomes
 from runs.models import AgentRun, RunStatus
 
 logger = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ class RunPool:
                 remaining = [control for control, _future in self._runs.values()]
             logger.warning("Aborting %d run(s) still in flight after %g s of drain", len(remaining), seconds)
             for control in remaining:
-                control.abort(executor.WORKER_SHUTDOWN)
+                control.abort(outcomes.WORKER_SHUTDOWN)
             if not self._wait_until_empty(seconds=ABORT_SETTLE_SECONDS):
                 logger.error("%d run(s) did not settle after their abort; reconciliation will", self.in_flight)
             return [control.run_id for control in remaining]

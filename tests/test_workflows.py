@@ -15,7 +15,7 @@ from agents import scripted, workflows
 from agents.models import AdkEvent, CrmNote, OutboxEmail, WorkflowDefinition
 from agents.registry import get_agent_spec
 from agents.services import check_workflow, save_workflow
-from runs import executor, services
+from runs import executor, outcomes, services
 from runs import replay as rules
 from runs.effects import settle_call
 from runs.management.commands.seed_demo import DEMO_WORKFLOW
@@ -378,7 +378,7 @@ def test_a_chat_client_that_goes_away_cancels_a_workflow_turn(alice, demo):
     async_to_sync(drive)()
     turn_run.refresh_from_db()
     assert turn_run.status == RunStatus.CANCELLED
-    assert turn_run.error_code == executor.CLIENT_DISCONNECTED
+    assert turn_run.error_code == outcomes.CLIENT_DISCONNECTED
     assert set(turn_run.steps.values_list("status", flat=True)) == {StepStatus.CANCELLED}
 
 

@@ -29,7 +29,7 @@ from agents.registry import UnknownAgentError
 from agents.services import resolve_runnable
 from config.lib.refusals import Refusal
 from config.lib.user_params import scripts_refusal
-from runs import executor, permissions, services
+from runs import executor, outcomes, permissions, services
 from runs.models import IN_FLIGHT, AgentRun, Conversation, Trigger
 
 logger = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ class ChatTurn:
     def start(self) -> None:
         self.task = _in_fresh_context(self._execute())
 
-    async def _execute(self) -> executor.Outcome | None:
+    async def _execute(self) -> outcomes.Outcome | None:
         try:
             return await executor.aexecute(self.run.run_id, self.control, on_event=self._push)
         finally:
@@ -207,13 +207,13 @@ class ChatTurn:
     def abandon(self) -> None:
         """The client is gone: abort the invocation so pending calls are sealed, settle `cancelled`."""
         if not self.finished:
-            self.control.abort(executor.CLIENT_DISCONNECTED)
+            self.control.abort(outcomes.CLIENT_DISCONNECTED)
 
 
 def start_abandoned(run: AgentRun) -> None:
     """A turn written while its client left: run it only to settle it as cancelled, tools []."""
     turn = ChatTurn(run)
-    turn.control.abort(executor.CLIENT_DISCONNECTED)
+    turn.control.abort(outcomes.CLIENT_DISCONNECTED)
     turn.start()
 
 

@@ -1,0 +1,182 @@
+"""What a run's execution came to: the outcome recorded on the run, said for people.
+
+`runs.executor` runs the agent and hands over what it saw (`RunEvents`: the final texts, the last
+error event, the stored events), the exception that ended it, or the reason it was aborted; this
+module turns each into the one `Outcome` the run is settled with (`lifecycle.settle_run`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from google.adk.events.event import Event
+from google.genai import errors as genai_errors
+
+from agents.retrying import EMPTY_TURN, RATE_LIMIT, RetryLog, is_rate_limit
+from agents.scripted import ScriptedModelError
+from agents.workflows import StepEndedWithError, original_error
+from runs.effects import effect_in_doubt_of
+from runs.journal import JournalPlugin, duplicate_call_of
+from runs.models import RunStatus
+from runs.steps import RunStepRecorder, output_text
+
+
+@dataclass
+class Outcome:
+    status: str
+    error_code: str = ""
+    error_message: str = ""
+    result: str = ""
+    # The run's stored events as ADK yielded them: what a successful run adds to memory,
+    # without reading the session back.
+    events: list[Event] = field(default_factory=list)
+
+
+def final_text(event: Event) -> str:
+    if not event.content or not event.content.parts:
+        return ""
+    return "".join(part.text or "" for part in event.content.parts if not getattr(part, "thought", False))
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def rate_limit_message(exc: genai_errors.ClientError, retries: RetryLog | None) -> str:
+    said = f"The model provider rate-limited the run (429 {exc.status or 'RESOURCE_EXHAUSTED'})"
+    gave_up = retries.gave_up if retries is not None else None
+    if not gave_up or gave_up.get("reason") != RATE_LIMIT:
+        return f"{said} in the middle of an answer, which cannot be retried safely."
+    count = gave_up["retries"]
+    if gave_up.get("over_max_wait"):
+        return (
+            f"{said}; the model call was retried {_plural(count, 'time')}, then the provider's "
+            f"next wait of {gave_up['next_delay_s']:g} s would have passed "
+            f"MODEL_RETRY_MAX_WAIT_SECONDS={settings.MODEL_RETRY_MAX_WAIT_SECONDS:g}, so it gave up."
+        )
+    return (
+        f"{said} and was still rate limited after the model call was retried "
+        f"{_plural(count, 'time')} over {gave_up['waited_s']:g} s "
+        f"(MODEL_RATE_LIMIT_RETRIES={settings.MODEL_RATE_LIMIT_RETRIES})."
+    )
+
+
+def describe_exception(exc: BaseException, plugin: JournalPlugin, retries: RetryLog | None = None) -> Outcome:
+    in_doubt = effect_in_doubt_of(exc)
+    if in_doubt is not None:
+        return Outcome(RunStatus.ERROR, "effect_in_doubt", str(in_doubt))
+    duplicate = duplicate_call_of(exc)
+    if duplicate is not None:
+        return Outcome(RunStatus.ERROR, "duplicate_call_id", str(duplicate))
+    tool_error = next((e for e in plugin.tool_errors.values() if e is exc), None)
+    if tool_error is not None:
+        return Outcome(RunStatus.ERROR, "tool_failed", f"A tool failed: {type(exc).__name__}: {exc}")
+    if is_rate_limit(exc):
+        return Outcome(RunStatus.ERROR, "rate_limited", rate_limit_message(exc, retries))
+    if isinstance(exc, genai_errors.APIError | ScriptedModelError):
+        return Outcome(RunStatus.ERROR, "model_error", f"The model call failed: {exc}")
+    return Outcome(RunStatus.ERROR, "agent_error", f"{type(exc).__name__}: {exc}")
+
+
+def describe_step_failure(
+    exc: BaseException, steps: RunStepRecorder, plugin: JournalPlugin, retries: RetryLog | None = None
+) -> Outcome:
+    """A workflow's failure, said as its first failing step's (a retried step's own error, unwrapped)."""
+    error = original_error(exc)
+    if isinstance(error, StepEndedWithError) and error.code == "MODEL_RETURNED_NO_CONTENT":
+        outcome = Outcome(RunStatus.ERROR, "empty_turn", empty_turn_message(retries) if retries else EMPTY_TURN_MESSAGE)
+    elif isinstance(error, StepEndedWithError):
+        outcome = Outcome(RunStatus.ERROR, error.code.lower()[:64], error.message or error.code)
+    else:
+        outcome = describe_exception(error, plugin, retries)
+    if steps.first_failure is not None:
+        node_path, _error = steps.first_failure
+        step = node_path.rsplit("/", 1)[-1].split("@", 1)[0]
+        outcome.error_message = f"Step “{step}” ({node_path}) failed. {outcome.error_message}"
+    return outcome
+
+
+EMPTY_TURN_MESSAGE = "The model returned an empty answer, so the run stopped without a result."
+
+
+def empty_turn_message(retries: RetryLog) -> str:
+    gave_up = retries.gave_up or {}
+    count = gave_up.get("retries", 0) if gave_up.get("reason") == EMPTY_TURN else 0
+    if not count:
+        return EMPTY_TURN_MESSAGE
+    return (
+        f"The model returned an empty answer {count + 1} times in a row (it was asked again "
+        f"{_plural(count, 'time')}, EMPTY_TURN_RETRIES={settings.EMPTY_TURN_RETRIES}), so the run "
+        "stopped without a result."
+    )
+
+
+# Why a run was aborted (`RunControl.abort`), besides the heartbeat's cancel request and time limit.
+CANCEL_REQUESTED = "cancel_requested"
+TIMEOUT = "timeout"
+CLIENT_DISCONNECTED = "client_disconnected"
+WORKER_SHUTDOWN = "worker_shutdown"
+
+INTERNAL_OUTCOME = Outcome(RunStatus.ERROR, "internal", "The worker stopped before the run finished.")
+
+
+def worker_shutdown_message() -> str:
+    return (
+        f"The worker was stopped before the run finished: it had RUN_DRAIN_SECONDS="
+        f"{settings.RUN_DRAIN_SECONDS:g} s to finish, then it was aborted. Check what it called "
+        "before running it again."
+    )
+
+
+def aborted(reason: str) -> Outcome | None:
+    """The outcome of a run aborted for `reason`; None for a reason this module does not know."""
+    if reason == CANCEL_REQUESTED:
+        return Outcome(RunStatus.CANCELLED, "cancelled", "The run was cancelled on request.")
+    if reason == CLIENT_DISCONNECTED:
+        return Outcome(
+            RunStatus.CANCELLED, CLIENT_DISCONNECTED, "The chat client disconnected, so the run was cancelled."
+        )
+    if reason == WORKER_SHUTDOWN:
+        return Outcome(RunStatus.ERROR, WORKER_SHUTDOWN, worker_shutdown_message())
+    if reason == TIMEOUT:
+        return Outcome(
+            RunStatus.ERROR,
+            "timeout",
+            f"The run exceeded its time limit of {settings.RUN_TIMEOUT_SECONDS} s (RUN_TIMEOUT_SECONDS) and was stopped.",
+        )
+    return None
+
+
+@dataclass
+class RunEvents:
+    """What a run's events said, gathered as ADK yields them."""
+
+    texts: list[str] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    last_error: tuple[str, str] | None = None
+
+    def stored(self, event: Event) -> None:
+        """Note a complete (not partial) event the runner yielded."""
+        self.events.append(event)
+        if event.error_code:
+            self.last_error = (event.error_code, event.error_message or "")
+        if event.author != "user" and event.is_final_response():
+            text = final_text(event)
+            if text:
+                self.texts.append(text)
+
+
+def finished(seen: RunEvents, *, steps: RunStepRecorder | None, retries: RetryLog) -> Outcome:
+    """The outcome of a run whose events ended without an exception or an abort."""
+    # A workflow's steps turn their own error events into failures (`describe_step_failure`); an
+    # error event of an attempt that was retried afterwards is not the run's outcome.
+    if seen.last_error is not None and steps is None:
+        code, message = seen.last_error
+        if code == "MODEL_RETURNED_NO_CONTENT":
+            return Outcome(RunStatus.ERROR, "empty_turn", empty_turn_message(retries))
+        if code != "INVOCATION_ABORTED":
+            return Outcome(RunStatus.ERROR, code.lower()[:64], message or code)
+    if steps is not None:
+        return Outcome(RunStatus.SUCCESS, result=output_text(steps.final_output), events=seen.events)
+    return Outcome(RunStatus.SUCCESS, result="\n".join(seen.texts), events=seen.events)
