@@ -32,8 +32,6 @@ from google.adk.flows.llm_flows.agent_transfer import _get_transfer_targets
 from google.adk.tools.agent_tool import AgentTool
 from google.adk.tools.base_tool import BaseTool
 from google.adk.tools.base_toolset import BaseToolset
-from google.adk.tools.mcp_tool.mcp_session_manager import MCPSessionManager
-from google.adk.tools.mcp_tool.mcp_toolset import McpToolset
 
 from agents.effects import effect_of_tool
 from agents.scripted import TRANSFER_TOOL
@@ -161,7 +159,8 @@ def per_run_mcp_toolset(toolset: Any) -> Any:
     cutting another run's session, and the loaded toolset is never touched.
     """
     clone = copy.copy(toolset)
-    clone._mcp_session_manager = MCPSessionManager(
+    # The loaded toolset's own session manager class: naming ADK's would import MCP here.
+    clone._mcp_session_manager = type(toolset._mcp_session_manager)(
         connection_params=toolset._connection_params,
         errlog=toolset._errlog,
         sampling_callback=toolset._sampling_callback,
@@ -172,8 +171,15 @@ def per_run_mcp_toolset(toolset: Any) -> Any:
     return clone
 
 
+# ADK's MCP support (and the `mcp` package under it) takes about as long to import as the rest of
+# ADK; it is loaded only by an agent package that uses it, so every process pays for it only then.
+_MCP_TOOLSET_MODULE = "google.adk.tools.mcp_tool.mcp_toolset"
+
+
 def is_mcp_toolset(tool: Any) -> bool:
-    return isinstance(tool, McpToolset)
+    # No agent imported ADK's MCP toolset: no tool can be one.
+    module = sys.modules.get(_MCP_TOOLSET_MODULE)
+    return module is not None and isinstance(tool, module.McpToolset)
 
 
 def list_mcp_tools(toolset: Any, *, timeout: float) -> list[ToolInfo]:
