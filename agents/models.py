@@ -98,6 +98,18 @@ class AdkSession(models.Model):
         return f"{self.app_name}/{self.user_id}/{self.id}"
 
 
+class AdkEventQuerySet(models.QuerySet):
+    def of_session(self, *, app_name: str, user_id: str, session_id: str) -> "AdkEventQuerySet":
+        """A session's events, oldest first (ties in the order they were stored)."""
+        return self.filter(app_name=app_name, user_id=user_id, session_id=session_id).order_by("timestamp", "id")
+
+    def of_invocation(self, *, app_name: str, user_id: str, session_id: str, invocation_id: str) -> "AdkEventQuerySet":
+        """One invocation's events (a run's: a chat's session holds other runs' too), oldest first."""
+        return self.of_session(app_name=app_name, user_id=user_id, session_id=session_id).filter(
+            invocation_id=invocation_id
+        )
+
+
 class AdkEvent(models.Model):
     """ADK's `events` table, read-only: the session history as ADK wrote it."""
 
@@ -108,6 +120,8 @@ class AdkEvent(models.Model):
     invocation_id = models.CharField(max_length=256)
     timestamp = NaiveUTCDateTimeField()
     event_data = models.JSONField(null=True)
+
+    objects = AdkEventQuerySet.as_manager()
 
     class Meta:
         managed = False

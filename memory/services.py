@@ -212,12 +212,9 @@ def remember_session(*, agent: str, owner_id: str, session_id: str, invocation_i
     Idempotent: feeding the same invocation again stores nothing new. The caller decides what is
     worth remembering (the ledger feeds successful runs only).
     """
-    rows = AdkEvent.objects.filter(
-        app_name=agent,
-        user_id=owner_id,
-        session_id=session_id,
-        invocation_id=invocation_id,
-    ).order_by("timestamp", "id")
+    rows = AdkEvent.objects.of_invocation(
+        app_name=agent, user_id=owner_id, session_id=session_id, invocation_id=invocation_id
+    )
     events = [Event.model_validate({**row.event_data, "id": row.id}) for row in rows if row.event_data]
     return remember_events(
         agent=agent, owner_id=owner_id, session_id=session_id, invocation_id=invocation_id, run_id=run_id,

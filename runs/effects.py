@@ -31,14 +31,13 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.admin.models import CHANGE, LogEntry
-from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 from google.adk.plugins.base_plugin import BasePlugin
 
 from agents.effects import IDEMPOTENT, KeyArgumentMissing, effect_of_tool, tool_name
 from config.lib.refusals import required_text
-from runs import reconcile, visibility
+from runs import chain, permissions, reconcile, visibility
 from runs.journal import EFFECTS_METADATA_KEY
 from runs.models import (
     AgentRun,
@@ -55,14 +54,11 @@ from runs.refusals import (
     NoteRequired,
     NoteTooLong,
     NotInDoubt,
-    RunNotFound,
-    SettleNotPermitted,
     UnknownOutcome,
 )
 
 logger = logging.getLogger(__name__)
 
-MAX_CHAIN_RUNS = 1000
 MAX_NOTE_CHARS = 2000
 SUMMARY_MAX_CHARS = 500
 
@@ -97,15 +93,12 @@ def intent_id(run: AgentRun) -> str:
     starts an intent of its own). A webhook run's intent is its event (source and provider
     message id), so the event's attempts share one; any other root's is its own run id.
     """
-    current = run
-    for _ in range(MAX_CHAIN_RUNS):
-        # A resume continues its original's intent like a replay that reuses effects.
-        parent_id = current.replay_of_id or current.resume_of_id
-        if current.effects == EffectsChoice.REDO or parent_id is None:
-            break
-        current = AgentRun.objects.only("run_id", "replay_of_id", "resume_of_id", "effects", "webhook_event_id").get(
-            pk=parent_id
-        )
+    # A resume continues its original's intent like a replay that reuses effects.
+    current = chain.root_of(
+        run,
+        until=lambda step: step.effects == EffectsChoice.REDO,
+        fields=("run_id", "replay_of_id", "resume_of_id", "effects", "webhook_event_id"),
+    )
     if current.effects != EffectsChoice.REDO and current.webhook_event_id is not None:
         source_id, external_id = WebhookEvent.objects.values_list("source_id", "external_id").get(
             pk=current.webhook_event_id
@@ -338,10 +331,6 @@ class EffectsPlugin(BasePlugin):
 # --- Settling a call in doubt ----------------------------------------------------------------------
 
 
-def can_settle(user: Any) -> bool:
-    return user is not None and user.has_perm("runs.settle_toolcall")
-
-
 def check_note(note: Any) -> str:
     return required_text(note, limit=MAX_NOTE_CHARS, missing=NoteRequired, too_long=NoteTooLong)
 
@@ -379,17 +368,13 @@ def settle_call(*, run_id: Any, call_id: str, actor: Any, outcome: Any, note: An
     `done` marks the call's effect record done (a replay reuses it); `not_done` marks it failed
     (a replay may run it). The replay rules read the settlement from the journal.
     """
-    if not can_settle(actor):
-        raise SettleNotPermitted()
+    permissions.check_may_settle(actor=actor)
     if outcome not in SettledOutcome.values:
         raise UnknownOutcome(outcome)
     note = check_note(note)
     now = timezone.now()
     with transaction.atomic():
-        try:
-            run = visibility.visible_runs(actor).select_for_update().get(pk=run_id)
-        except (AgentRun.DoesNotExist, ValidationError, ValueError):
-            raise RunNotFound(run_id) from None
+        run = visibility.get_visible_run(run_id, actor=actor, lock=True)
         reconcile.reconcile_run_if_stale(run)
         call = ToolCall.objects.select_for_update().filter(run=run, call_id=call_id).first()
         if call is None:

@@ -271,12 +271,9 @@ class JournalPlugin(BasePlugin):
 
 def session_tools(run: AgentRun) -> list[str]:
     """Tools called according to ADK's stored events, from the run's user message on."""
-    events = AdkEvent.objects.filter(
-        app_name=run.agent_name,
-        user_id=run.owner_id,
-        session_id=run.session_id,
-        invocation_id=run.invocation_id,
-    ).order_by("timestamp", "id")
+    events = AdkEvent.objects.of_invocation(
+        app_name=run.agent_name, user_id=run.owner_id, session_id=run.session_id, invocation_id=run.invocation_id
+    )
     names: list[str] = []
     seen_user_message = False
     for event in events:

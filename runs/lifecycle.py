@@ -18,7 +18,7 @@ from django.utils import timezone
 from django_q.tasks import async_task
 
 from memory.services import remember_session
-from runs import journal
+from runs import chain, journal
 from runs.models import AgentRun, RunStatus
 from runs.steps import settle_unfinished_steps
 
@@ -152,16 +152,10 @@ def remember_predecessors(run: AgentRun) -> int:
     Each invocation's events under its own run id; idempotent like every remembering.
     """
     added = 0
-    current = run
-    for _ in range(MAX_CHAIN_RUNS):
-        if current.resume_of_id is None:
-            break
-        current = AgentRun.objects.get(pk=current.resume_of_id)
+    for current in chain.predecessors(run, via=chain.RESUMES):
         added += remember_session(
             agent=current.agent_name, owner_id=current.owner_id, session_id=current.session_id,
             invocation_id=current.invocation_id, run_id=current.run_id,
         )
     return added
 
-
-MAX_CHAIN_RUNS = 1000

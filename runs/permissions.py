@@ -1,5 +1,8 @@
 """Who may act for whom, and on whose runs: one rule for every door (docs/architecture.md, "Who may act for whom").
 
+Every "who may" of the ledger is here: for an owner, on a run (replay, resume, cancel, force),
+on a call in doubt (settle), on a webhook event (resolve).
+
 Seeing is `runs.visibility`; this module is acting.
 
 - **For an owner.** A user may start runs, chat turns and read memory for an owner only if the
@@ -11,7 +14,8 @@ Seeing is `runs.visibility`; this module is acting.
   needs `runs.force_replay_agentrun` on top (`runs.services.check_force`). A replay starts a run
   for the original's owner, so without `runs.replay_agentrun` replaying one's own run also asks
   the owner rule again (a grant taken back stops replays too); a holder of it replays any run
-  for the owner the original's starter was allowed.
+  for the owner the original's starter was allowed. Resuming asks what replaying asks.
+- **On a call in doubt.** Settling one needs `runs.settle_toolcall`.
 - A run the actor cannot see answers 404 before any of this.
 """
 
@@ -23,13 +27,24 @@ from django.db.models import Q
 
 from memory.refusals import ScopeNotVisible
 from runs import visibility
+from runs.inbox.refusals import ResolveNotPermitted, RetryNotPermitted
 from runs.models import AgentRun, OwnerGrant
-from runs.refusals import CancelNotPermitted, OwnerNotPermitted, ReplayNotPermitted, RunNotFound
+from runs.refusals import (
+    CancelNotPermitted,
+    ForceNotPermitted,
+    OwnerNotPermitted,
+    ReplayNotPermitted,
+    ResumeNotPermitted,
+    RunNotFound,
+    SettleNotPermitted,
+)
 
 ACT_FOR_ANY_OWNER = "runs.act_for_any_owner"
 REPLAY_OTHERS = "runs.replay_agentrun"
 CANCEL_OTHERS = "runs.cancel_agentrun"
 RESOLVE_EVENTS = "runs.resolve_webhookevent"
+FORCE_REPLAY = "runs.force_replay_agentrun"
+SETTLE_CALLS = "runs.settle_toolcall"
 
 
 def _is_person(user: Any) -> bool:
@@ -121,3 +136,55 @@ def check_may_cancel(*, actor: Any, run: AgentRun) -> None:
     _check_visible(actor=actor, run=run)
     if not is_own_run(actor=actor, run=run) and not may_cancel_others(user=actor):
         raise CancelNotPermitted(run.run_id)
+
+
+def check_may_resume(*, actor: Any, run: AgentRun) -> None:
+    """As for replay: the run's creator, while they may still act for its owner, or a holder of
+    `runs.replay_agentrun`; a run the actor cannot see is not found."""
+    try:
+        check_may_replay(actor=actor, run=run)
+    except ReplayNotPermitted:
+        raise ResumeNotPermitted() from None
+
+
+def may_resume(*, actor: Any, run: AgentRun) -> bool:
+    try:
+        check_may_resume(actor=actor, run=run)
+    except (ResumeNotPermitted, OwnerNotPermitted, RunNotFound):
+        return False
+    return True
+
+
+def may_force_replay(*, user: Any) -> bool:
+    return user is not None and user.has_perm(FORCE_REPLAY)
+
+
+def check_may_force(*, actor: Any) -> None:
+    if not may_force_replay(user=actor):
+        raise ForceNotPermitted()
+
+
+# --- On a call in doubt ---------------------------------------------------------------------------
+
+
+def may_settle(*, user: Any) -> bool:
+    return user is not None and user.has_perm(SETTLE_CALLS)
+
+
+def check_may_settle(*, actor: Any) -> None:
+    if not may_settle(user=actor):
+        raise SettleNotPermitted()
+
+
+# --- On a webhook event ---------------------------------------------------------------------------
+
+
+def check_may_retry_events(*, actor: Any) -> None:
+    """Processing an event again replays a run nobody in particular started: `runs.replay_agentrun`."""
+    if not may_replay_others(user=actor):
+        raise RetryNotPermitted()
+
+
+def check_may_resolve_events(*, actor: Any) -> None:
+    if not may_resolve_events(user=actor):
+        raise ResolveNotPermitted()

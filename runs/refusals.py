@@ -334,3 +334,45 @@ class ConversationMovedOn(ResumeRefused):
 
     status = 409
     code = "conversation_moved_on"
+
+
+# --- The orders the rules check in -------------------------------------------------------------------
+# The first refusal that applies answers. `runs.replay.decide` and `runs.resume.decide_resume` check
+# in these orders; the README's tables, the API's descriptions and docs/architecture.md say them
+# (the API's are written from these tuples), and tests/test_docs_truth.py holds all of them to it.
+
+REPLAY_REFUSAL_ORDER: tuple[type[ReplayRefused], ...] = (
+    RunInFlight,
+    ReplayInFlight,
+    ResumeInFlight,
+    InputGone,
+    RunSucceeded,
+    AlreadyReplayed,
+    AlreadyResumed,
+    CallsInDoubt,
+    ToolsCalled,
+    ToolsUnknown,
+)
+
+RESUME_REFUSAL_ORDER: tuple[type[ResumeRefused], ...] = (
+    ResumeRunInFlight,
+    AlreadyContinued,
+    ContinuedByReplay,
+    ResumeRunSucceeded,
+    ConversationMovedOn,
+    WorkflowNotResumable,
+    SessionGone,
+    AgentChanged,
+    ResumeCallsInDoubt,
+)
+
+
+# How the inbox reads a replay refusal of an event's last run: it, or what continues it (a replay or
+# a resume), is still working (look later); or its work was finished or taken over (done here).
+STILL_GOING: tuple[type[ReplayRefused], ...] = (RunInFlight, ReplayInFlight, ResumeInFlight)
+ALREADY_CONTINUED: tuple[type[ReplayRefused], ...] = (RunSucceeded, AlreadyReplayed, AlreadyResumed)
+
+
+def said_in_order(refusals: tuple[type[Refusal], ...]) -> str:
+    """An order as the API's descriptions say it: 409 `run_in_flight`, 409 `replay_in_flight`, …"""
+    return ", ".join(f"{refusal.status} `{refusal.code}`" for refusal in refusals)

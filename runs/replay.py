@@ -1,13 +1,14 @@
 """May this run be replayed now? One answer for every door (API, admin, commands).
 
-`decide()` is pure: given a run and the facts about it (its replays, whether its stored input
-is still there), it returns the decision without touching anything. `gather_facts()` reads
-those facts; `decide()` gathers them itself when it is not handed any.
+`decide_on_facts()` is pure: given a run and the facts about it (its replays and resumes,
+whether its stored input is still there, its journal), it returns the decision without reading
+or touching anything. `gather_facts()` reads those facts (two queries); `decide()` is the two
+together, reading the facts when it is not handed them.
 
-The rows of the table are checked in a fixed order and the first that applies answers:
-run_in_flight, replay_in_flight, resume_in_flight, input_gone (nobody can fix these by forcing, so
-they come first), then — without force — run_succeeded, already_replayed, already_resumed, calls_in_doubt, "every call
-read only" (replayed), tools_called, tools_unknown.
+The rows of the table are checked in the fixed order of `runs.refusals.REPLAY_REFUSAL_ORDER` and
+the first that applies answers: the final ones first (nobody can fix them by forcing), then —
+without force — the forceable ones, with "every call read only" (replayed) just before
+tools_called.
 
 The journal's calls are facts too: each call's effect class as it was at call time, its status,
 a person's settlement and the state of its effect record. A call may act again on a replay unless
@@ -20,11 +21,14 @@ from __future__ import annotations
 import hashlib
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
+from typing import ClassVar
 
 from django.db.models import OuterRef, Subquery
 
+from config.lib.refusals import Refusal
+from runs import chain
+from runs.chain import Successor
 from runs.models import (
     IN_FLIGHT,
     AgentRun,
@@ -48,14 +52,6 @@ from runs.refusals import (
     ToolsCalled,
     ToolsUnknown,
 )
-
-
-@dataclass(frozen=True)
-class ReplaySummary:
-    run_id: uuid.UUID
-    status: str
-    created_at: datetime | None = None
-
 
 READ_ONLY = "read_only"
 
@@ -92,24 +88,19 @@ class CallFact:
 class ReplayFacts:
     """What decide() needs beyond the row itself."""
 
-    replays: tuple[ReplaySummary, ...] = ()
+    replays: tuple[Successor, ...] = ()
     input_present: bool = True
     calls: tuple[CallFact, ...] = ()
     # Its resumes (runs.resume): they continue the same work in its session.
-    resumes: tuple[ReplaySummary, ...] = ()
+    resumes: tuple[Successor, ...] = ()
 
 
-@dataclass(frozen=True)
-class Decision:
-    """The answer for one run: allowed, or the refusal that applies.
+class RuleDecision:
+    """What a decision of either rule (replay, resume) says the same way: allowed or not, the HTTP
+    status its request would get, and its code (`allowed_code`, or the refusal's)."""
 
-    `overridden` is the refusal that force set aside (None when no force was needed), so a door
-    can say what it is overriding.
-    """
-
-    force: bool
-    refusal: ReplayRefused | None = None
-    overridden: ReplayRefused | None = field(default=None)
+    refusal: Refusal | None
+    allowed_code: ClassVar[str]
 
     @property
     def allowed(self) -> bool:
@@ -121,7 +112,21 @@ class Decision:
 
     @property
     def code(self) -> str:
-        return "replayable" if self.refusal is None else self.refusal.code
+        return self.allowed_code if self.refusal is None else self.refusal.code
+
+
+@dataclass(frozen=True)
+class Decision(RuleDecision):
+    """The answer for one run: allowed, or the refusal that applies.
+
+    `overridden` is the refusal that force set aside (None when no force was needed), so a door
+    can say what it is overriding.
+    """
+
+    force: bool
+    refusal: ReplayRefused | None = None
+    overridden: ReplayRefused | None = field(default=None)
+    allowed_code: ClassVar[str] = "replayable"
 
     def as_dict(self) -> dict:
         """The decision as the API shows it: `status` is the HTTP status a replay request would get."""
@@ -140,57 +145,58 @@ def tool_names_once(tools: list[str] | None) -> list[str]:
 
 
 def decide(run: AgentRun, *, force: bool, facts: ReplayFacts | None = None) -> Decision:
-    if facts is None:
-        facts = gather_facts(run)
+    """The replay rules for `run` now: `decide_on_facts` on `facts`, read first (`gather_facts`) when not given."""
+    return decide_on_facts(run, force=force, facts=facts if facts is not None else gather_facts(run))
 
-    if run.status in IN_FLIGHT:
-        return Decision(
-            force,
-            RunInFlight(
-                f"This run is still {run.status}: a replay now could do its work twice. "
-                "Cancel it or wait for it to finish.",
-                status=run.status,
-            ),
-        )
-    in_flight = next((r for r in facts.replays if r.status in IN_FLIGHT), None)
-    if in_flight is not None:
-        return Decision(
-            force,
-            ReplayInFlight(
-                f"This run's replay {in_flight.run_id} is still {in_flight.status}: wait for it to "
-                "finish (or cancel it) before replaying the run again.",
-                replay_run_id=str(in_flight.run_id),
-                replay_status=in_flight.status,
-            ),
-        )
-    resuming = next((r for r in facts.resumes if r.status in IN_FLIGHT), None)
-    if resuming is not None:
-        return Decision(
-            force,
-            ResumeInFlight(
-                f"This run's resume {resuming.run_id} is still {resuming.status}: it continues the same work, so "
-                "wait for it to finish (or cancel it) before replaying the run.",
-                resume_run_id=str(resuming.run_id),
-                resume_status=resuming.status,
-            ),
-        )
-    if run.input_file and not facts.input_present:
-        return Decision(
-            force,
-            InputGone(
-                f"The stored copy of this run's input file “{run.input_file_name}” is gone from disk "
-                "(or no longer matches what the run was given), so the run cannot be repeated with "
-                "the same input, even by force. Start a new run with the file instead.",
-                input_file_name=run.input_file_name,
-            ),
-        )
 
+def decide_on_facts(run: AgentRun, *, force: bool, facts: ReplayFacts) -> Decision:
+    """The replay rules, pure: the row and `facts`, checked in the order of
+    `runs.refusals.REPLAY_REFUSAL_ORDER`; the first refusal that applies answers (force sets
+    aside only the forceable ones)."""
+
+    final = _final_refusal(run, facts)
+    if final is not None:
+        return Decision(force, final)
     refusal = _refusal_without_force(run, facts)
     if refusal is None:
         return Decision(force)
     if force and refusal.forceable:
         return Decision(force, overridden=refusal)
     return Decision(force, refusal)
+
+
+def _final_refusal(run: AgentRun, facts: ReplayFacts) -> ReplayRefused | None:
+    """The refusals nobody can set aside by forcing: something still runs, or the input is gone."""
+    if run.status in IN_FLIGHT:
+        return RunInFlight(
+            f"This run is still {run.status}: a replay now could do its work twice. "
+            "Cancel it or wait for it to finish.",
+            status=run.status,
+        )
+    in_flight = next((r for r in facts.replays if r.status in IN_FLIGHT), None)
+    if in_flight is not None:
+        return ReplayInFlight(
+            f"This run's replay {in_flight.run_id} is still {in_flight.status}: wait for it to "
+            "finish (or cancel it) before replaying the run again.",
+            replay_run_id=str(in_flight.run_id),
+            replay_status=in_flight.status,
+        )
+    resuming = next((r for r in facts.resumes if r.status in IN_FLIGHT), None)
+    if resuming is not None:
+        return ResumeInFlight(
+            f"This run's resume {resuming.run_id} is still {resuming.status}: it continues the same work, so "
+            "wait for it to finish (or cancel it) before replaying the run.",
+            resume_run_id=str(resuming.run_id),
+            resume_status=resuming.status,
+        )
+    if run.input_file and not facts.input_present:
+        return InputGone(
+            f"The stored copy of this run's input file “{run.input_file_name}” is gone from disk "
+            "(or no longer matches what the run was given), so the run cannot be repeated with "
+            "the same input, even by force. Start a new run with the file instead.",
+            input_file_name=run.input_file_name,
+        )
+    return None
 
 
 def _refusal_without_force(run: AgentRun, facts: ReplayFacts) -> ReplayRefused | None:
@@ -303,21 +309,10 @@ def input_file_present(run: AgentRun, *, verify_digest: bool = False) -> bool:
 
 
 def gather_facts(run: AgentRun, *, verify_digest: bool = False) -> ReplayFacts:
-    replays = tuple(
-        ReplaySummary(run_id, status, created_at)
-        for run_id, status, created_at in AgentRun.objects.filter(replay_of_id=run.run_id)
-        .order_by("-created_at")
-        .values_list("run_id", "status", "created_at")
-    )
-    resumes = tuple(
-        ReplaySummary(run_id, status, created_at)
-        for run_id, status, created_at in AgentRun.objects.filter(resume_of_id=run.run_id)
-        .order_by("-created_at")
-        .values_list("run_id", "status", "created_at")
-    )
+    successors = chain.successors(run)
     return ReplayFacts(
-        resumes=resumes,
-        replays=replays,
+        resumes=tuple(successor for successor in successors if successor.kind == chain.RESUME),
+        replays=tuple(successor for successor in successors if successor.kind == chain.REPLAY),
         input_present=input_file_present(run, verify_digest=verify_digest),
         calls=journal_facts(run),
     )

@@ -5,13 +5,13 @@ A resume continues a failed run **in its own session** instead of starting again
 new invocation) answers each dangling function call — a call in the session with no response —
 from evidence, then lets the model go on. No tool that already ran runs again.
 
-`decide_resume()` is pure, shaped like `runs.replay.decide`: given the run and the facts about it
-(`gather_resume_facts`: its successors, its journal with each call's effect record and
-settlement, what its session still holds, the agent's fingerprint now) it returns the refusal
-that applies, or the answer each dangling call would get. Checked in order, the first that
-applies answers: run_in_flight, already_resumed / already_replayed (one successor per run),
-run_succeeded, conversation_moved_on (a chat's later turn), workflow_not_resumable, session_gone,
-agent_changed, calls_in_doubt.
+`decide_resume_on_facts()` is pure, shaped like `runs.replay.decide_on_facts`: given the run and
+the facts about it (`gather_resume_facts`: its successors, its journal with each call's effect
+record and settlement, what its session still holds, the agent's fingerprint now) it returns the
+refusal that applies, or the answer each dangling call would get, checked in the order of
+`runs.refusals.RESUME_REFUSAL_ORDER` (the first that applies answers). `decide_resume()` reads
+the facts when it is not handed them, and only as far as needed: the row and its successors
+(`refusal_before_the_session`) decide most runs shown without reading their session.
 
 A chat turn is resumed inside its conversation: the same session, so the resume becomes the turn
 the conversation's next message follows.
@@ -37,21 +37,18 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from django.core.exceptions import ValidationError
-from django.db import transaction
-from django.db.models import Q
 from google.genai import types
 
 from agents.models import AdkEvent
 from agents.registry import UnknownAgentError, fingerprint, get_agent_spec, workflow_fingerprint_of
 from agents.scripted import SCRIPT_STEP_KEY, ScriptPosition, resume_position
-from runs import lifecycle, permissions, quotas, reconcile, visibility
+from runs import chain
+from runs.chain import Successor
 from runs.models import (
     IN_FLIGHT,
     AgentRun,
-    Conversation,
     EffectStatus,
     RunStatus,
     SettledOutcome,
@@ -64,23 +61,17 @@ from runs.refusals import (
     AlreadyContinued,
     ContinuedByReplay,
     ConversationMovedOn,
-    OwnerNotPermitted,
-    ReplayNotPermitted,
     ResumeCallsInDoubt,
-    ResumeNotPermitted,
     ResumeRefused,
     ResumeRunInFlight,
     ResumeRunSucceeded,
-    RunNotFound,
     SessionGone,
     WorkflowNotResumable,
 )
-from runs.replay import READ_ONLY, CallFact, journal_facts, tool_names_once
+from runs.replay import READ_ONLY, CallFact, RuleDecision, journal_facts, tool_names_once
 
 logger = logging.getLogger(__name__)
 
-MAX_CHAIN_RUNS = 1000
-RESUME, REPLAY = "resume", "replay"
 
 # How a dangling call is answered (the preview's words).
 FROM_RECORD = "answered from the record"
@@ -92,13 +83,6 @@ IN_DOUBT = "in doubt: a person must settle it"
 
 
 # --- Facts ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Successor:
-    run_id: uuid.UUID
-    status: str
-    kind: str  # resume or replay
 
 
 @dataclass(frozen=True)
@@ -141,21 +125,10 @@ class Answer:
 
 
 @dataclass(frozen=True)
-class ResumeDecision:
+class ResumeDecision(RuleDecision):
     refusal: ResumeRefused | None = None
     answers: tuple[Answer, ...] = ()
-
-    @property
-    def allowed(self) -> bool:
-        return self.refusal is None
-
-    @property
-    def status(self) -> int:
-        return 202 if self.refusal is None else self.refusal.status
-
-    @property
-    def code(self) -> str:
-        return "resumable" if self.refusal is None else self.refusal.code
+    allowed_code: ClassVar[str] = "resumable"
 
     def as_dict(self) -> dict:
         """The decision as the API shows it: `status` is the HTTP status a resume request would get."""
@@ -181,20 +154,13 @@ def current_fingerprint(*, agent_name: str, workflow: dict | None) -> str:
 
 def chain_of(run: AgentRun) -> list[AgentRun]:
     """The run and the runs it resumes, newest first (they share the session)."""
-    chain = [run]
-    current = run
-    for _ in range(MAX_CHAIN_RUNS):
-        if current.resume_of_id is None:
-            break
-        current = AgentRun.objects.get(pk=current.resume_of_id)
-        chain.append(current)
-    return chain
+    return [run, *chain.predecessors(run, via=chain.RESUMES)]
 
 
 def _session_events(run: AgentRun) -> list[tuple[str, dict]]:
-    rows = AdkEvent.objects.filter(
+    rows = AdkEvent.objects.of_session(
         app_name=run.agent_name, user_id=run.owner_id, session_id=run.session_id
-    ).order_by("timestamp", "id").values_list("invocation_id", "event_data")
+    ).values_list("invocation_id", "event_data")
     return [(invocation_id, data or {}) for invocation_id, data in rows]
 
 
@@ -210,19 +176,9 @@ def _calls_of(data: dict) -> list[dict]:
     return [part["function_call"] for part in _parts(data) if part.get("function_call")]
 
 
-def successors_of(run: AgentRun) -> tuple[Successor, ...]:
-    """The runs that replay or resume `run`, newest first."""
-    return tuple(
-        Successor(run_id, status, RESUME if resume_of_id == run.run_id else REPLAY)
-        for run_id, status, resume_of_id in AgentRun.objects.filter(Q(replay_of_id=run.run_id) | Q(resume_of_id=run.run_id))
-        .order_by("-created_at")
-        .values_list("run_id", "status", "resume_of_id")
-    )
-
-
 def gather_resume_facts(run: AgentRun, *, successors: tuple[Successor, ...] | None = None) -> ResumeFacts:
     if successors is None:
-        successors = successors_of(run)
+        successors = chain.successors(run)
     facts = journal_facts(run)
     extra = {
         call_id: (note, summary, key)
@@ -338,17 +294,31 @@ def answers_for(facts: ResumeFacts) -> tuple[Answer, ...]:
 
 
 def decide_resume(run: AgentRun, *, facts: ResumeFacts | None = None) -> ResumeDecision:
-    # The first refusals need only the row and its successors: most runs shown (in flight, or
-    # succeeded) are decided without reading their session's events.
+    """The resume rules for `run` now: `decide_resume_on_facts` on `facts` when given.
+
+    Without them it reads them, only as far as needed: the row and its successors decide most runs
+    shown (in flight, continued, succeeded) without reading their session's events
+    (`gather_resume_facts` reads the rest).
+    """
+    if facts is None:
+        successors = () if run.status in IN_FLIGHT else chain.successors(run)
+        early = refusal_before_the_session(run, successors)
+        if early is not None:
+            return early
+        facts = gather_resume_facts(run, successors=successors)
+    return decide_resume_on_facts(run, facts=facts)
+
+
+def refusal_before_the_session(run: AgentRun, successors: tuple[Successor, ...]) -> ResumeDecision | None:
+    """The refusals the row and its successors decide (pure): in flight, continued once already, succeeded."""
     if run.status in IN_FLIGHT:
         return ResumeDecision(ResumeRunInFlight(
             f"This run is still {run.status}: there is nothing to resume yet. Wait for it to finish, or cancel it.",
             status=run.status,
         ))
-    successors = facts.successors if facts is not None else successors_of(run)
     if successors:
         successor = successors[0]
-        if successor.kind == RESUME:
+        if successor.kind == chain.RESUME:
             return ResumeDecision(AlreadyContinued(
                 f"This run was already resumed by run {successor.run_id} ({successor.status}): a run is continued "
                 "once. Resume or replay that run instead.",
@@ -361,8 +331,15 @@ def decide_resume(run: AgentRun, *, facts: ResumeFacts | None = None) -> ResumeD
         ))
     if run.status == RunStatus.SUCCESS:
         return ResumeDecision(ResumeRunSucceeded("This run succeeded: there is nothing left to continue."))
-    if facts is None:
-        facts = gather_resume_facts(run, successors=successors)
+    return None
+
+
+def decide_resume_on_facts(run: AgentRun, *, facts: ResumeFacts) -> ResumeDecision:
+    """The resume rules, pure: the row and `facts` (`gather_resume_facts`), checked in the order of
+    `runs.refusals.RESUME_REFUSAL_ORDER`; the first refusal that applies answers."""
+    early = refusal_before_the_session(run, facts.successors)
+    if early is not None:
+        return early
     if facts.later_run is not None:
         later_id, later_status = facts.later_run
         return ResumeDecision(ConversationMovedOn(
@@ -409,64 +386,6 @@ def describe_resume_now(run: AgentRun) -> dict:
     return decide_resume(run).as_dict()
 
 
-# --- Who may resume --------------------------------------------------------------------------------
-
-
-def check_may_resume(*, actor: Any, run: AgentRun) -> None:
-    """As for replay (runs.permissions): the run's creator, while they may still act for its owner,
-    or a holder of `runs.replay_agentrun`; a run the actor cannot see is not found."""
-    try:
-        permissions.check_may_replay(actor=actor, run=run)
-    except ReplayNotPermitted:
-        raise ResumeNotPermitted() from None
-
-
-def may_resume(*, actor: Any, run: AgentRun) -> bool:
-    try:
-        check_may_resume(actor=actor, run=run)
-    except (ResumeNotPermitted, OwnerNotPermitted, RunNotFound):
-        return False
-    return True
-
-
-# --- Resuming --------------------------------------------------------------------------------------
-
-
-def resume_run(run_id: Any, *, actor: Any) -> AgentRun:
-    """Continue a failed run in its session as a new run, if `decide_resume` allows it; else raise its refusal.
-
-    The original row is locked while deciding, so simultaneous requests for one run create one
-    resume: the second waits, then sees the first one's resume as the run's successor.
-    """
-    with transaction.atomic():
-        try:
-            original = visibility.visible_runs(actor).select_for_update().get(pk=run_id)
-        except (AgentRun.DoesNotExist, ValidationError, ValueError):
-            raise RunNotFound(run_id) from None
-        check_may_resume(actor=actor, run=original)
-        if original.conversation_id:
-            # The lock a chat's next turn takes (runs.chat.turns.begin_turn): a turn and a resume
-            # started at once are serialised, and the second sees the first in the session.
-            list(Conversation.objects.select_for_update().filter(pk=original.conversation_id).values_list("pk"))
-        reconcile.reconcile_run_if_stale(original)
-        facts = gather_resume_facts(original)
-        decision = decide_resume(original, facts=facts)
-        if decision.refusal is not None:
-            raise decision.refusal
-        quotas.check_in_flight(user=actor)
-        resumed = AgentRun.objects.create(
-            **original.successor_fields(actor=actor),
-            resume_of=original,
-            session_id=original.session_id,
-            conversation_id=original.conversation_id,
-            agent_fingerprint=facts.fingerprint_now,
-        )
-        resumed_id = resumed.run_id
-        transaction.on_commit(lambda: lifecycle.enqueue_run(resumed_id))
-    logger.info("Run %s resumed as %s by %s", original.run_id, resumed.run_id, actor)
-    return resumed
-
-
 # --- What the resumed run executes -----------------------------------------------------------------
 
 
@@ -509,7 +428,10 @@ def resume_plan(run: AgentRun) -> ResumePlan:
 
 def final_answer_given(run: AgentRun) -> str | None:
     """The text of `run`'s last event if it is an agent's final answer (text, no call, no error), else None."""
-    events = [data for invocation, data in _session_events(run) if invocation == run.invocation_id and not data.get("partial")]
+    rows = AdkEvent.objects.of_invocation(
+        app_name=run.agent_name, user_id=run.owner_id, session_id=run.session_id, invocation_id=run.invocation_id
+    ).values_list("event_data", flat=True)
+    events = [data or {} for data in rows if not (data or {}).get("partial")]
     if not events:
         return None
     last = events[-1]

@@ -31,18 +31,16 @@ from config.lib import files, safe_json
 from config.lib.refusals import required_text
 from runs import lifecycle, permissions, quotas, reconcile, visibility
 from runs import replay as rules
+from runs import resume as resume_rules
 from runs.counters import REPLAY_REFUSALS
-from runs.models import AgentRun, EffectsChoice, RunStatus, Trigger
+from runs.models import AgentRun, Conversation, EffectsChoice, RunStatus, Trigger
 from runs.refusals import (
-    ForceNotPermitted,
     ReasonRequired,
     ReasonTooLong,
     RedoNeedsForce,
     RunAlreadySettled,
-    RunNotFound,
     UnknownEffectsChoice,
 )
-from runs.resume import current_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -251,13 +249,14 @@ def start_run(
 
     try:
         with transaction.atomic():
-            quotas.check_in_flight(user=created_by, chat=trigger == Trigger.CHAT)
-            run = AgentRun.objects.create(
+            run = write_queued_run(
+                actor=created_by,
+                chat=trigger == Trigger.CHAT,
+                enqueue=enqueue,
                 run_id=run_id,
                 trigger=trigger,
                 agent_name=target_name,
                 owner_id=cleaned["owner_id"],
-                created_by=created_by if getattr(created_by, "is_authenticated", False) else None,
                 config=config,
                 input_file=stored_path,
                 input_file_name=cleaned.get("file_name", ""),
@@ -265,10 +264,7 @@ def start_run(
                 input_file_size=size,
                 session_id=session_id or str(uuid.uuid4()),
                 conversation_id=conversation_id,
-                agent_fingerprint=current_fingerprint(agent_name=target_name, workflow=config.get("workflow")),
             )
-            if enqueue:
-                transaction.on_commit(lambda: lifecycle.enqueue_run(run_id))
     except BaseException:
         if stored_path:
             shutil.rmtree(run_inputs_dir(run_id), ignore_errors=True)
@@ -276,13 +272,29 @@ def start_run(
     return run
 
 
+def write_queued_run(*, actor: Any, chat: bool = False, enqueue: bool = True, **fields: Any) -> AgentRun:
+    """Write a run `queued` and enqueue it on commit, inside the caller's transaction: the one writer
+    of new runs (`start_run`, and a replay's or resume's `AgentRun.successor_fields`).
+
+    The run counts against `actor`'s cap of work in flight (`runs.quotas`), is `created_by` them
+    when they are a person, and carries its agent's fingerprint now unless `fields` give one.
+    """
+    quotas.check_in_flight(user=actor, chat=chat)
+    fields["created_by"] = actor if getattr(actor, "is_authenticated", False) else None
+    if "agent_fingerprint" not in fields:
+        fields["agent_fingerprint"] = resume_rules.current_fingerprint(
+            agent_name=fields["agent_name"], workflow=(fields.get("config") or {}).get("workflow") or None
+        )
+    run = AgentRun.objects.create(**fields)
+    if enqueue:
+        run_id = run.run_id
+        transaction.on_commit(lambda: lifecycle.enqueue_run(run_id))
+    return run
+
+
 # --- Replaying ------------------------------------------------------------------------------------
 
 MAX_FORCE_REASON_CHARS = 2000
-
-
-def can_force_replay(user: Any) -> bool:
-    return user is not None and user.has_perm("runs.force_replay_agentrun")
 
 
 def check_force_reason(reason: Any) -> str:
@@ -292,8 +304,7 @@ def check_force_reason(reason: Any) -> str:
 
 def check_force(*, actor: Any, reason: Any) -> str:
     """May `actor` force, and did they say why? Returns the cleaned reason; raises the refusal otherwise."""
-    if not can_force_replay(actor):
-        raise ForceNotPermitted()
+    permissions.check_may_force(actor=actor)
     return check_force_reason(reason)
 
 
@@ -342,10 +353,7 @@ def replay_run(
         reason = check_force(actor=actor, reason=reason)
 
     with transaction.atomic():
-        try:
-            original = visibility.visible_runs(actor).select_for_update().get(pk=run_id)
-        except (AgentRun.DoesNotExist, ValidationError, ValueError):
-            raise RunNotFound(run_id) from None
+        original = visibility.get_visible_run(run_id, actor=actor, lock=True)
         permissions.check_may_replay(actor=actor, run=original)
         # A run whose worker died is judged as what it is (a failure with unknown outcome), not
         # as "still running".
@@ -355,25 +363,52 @@ def replay_run(
             REPLAY_REFUSALS.labels(code=decision.refusal.code).inc()
             raise decision.refusal
         forced = decision.overridden is not None
-        quotas.check_in_flight(user=actor)
-        replay = AgentRun.objects.create(
-            **original.successor_fields(actor=actor),
+        replay = write_queued_run(
+            actor=actor,
+            **original.successor_fields(),
             replay_of=original,
             forced=forced,
             forced_by=actor if forced else None,
             force_reason=reason if forced else "",
             effects=effects,
             session_id=str(uuid.uuid4()),
-            agent_fingerprint=current_fingerprint(agent_name=original.agent_name, workflow=original.workflow),
         )
         if forced:
             _log_forced_replay(
                 actor=actor, original=original, replay=replay, overridden=decision.overridden.code, reason=reason
             )
-        replay_id = replay.run_id
-        transaction.on_commit(lambda: lifecycle.enqueue_run(replay_id))
     logger.info("Run %s replayed as %s (forced=%s) by %s", original.run_id, replay.run_id, forced, actor)
     return replay
+
+
+def resume_run(run_id: Any, *, actor: Any) -> AgentRun:
+    """Continue a failed run in its session as a new run, if `decide_resume` allows it; else raise its refusal.
+
+    The original row is locked while deciding, so simultaneous requests for one run create one
+    resume: the second waits, then sees the first one's resume as the run's successor.
+    """
+    with transaction.atomic():
+        original = visibility.get_visible_run(run_id, actor=actor, lock=True)
+        permissions.check_may_resume(actor=actor, run=original)
+        if original.conversation_id:
+            # The lock a chat's next turn takes (runs.chat.turns.begin_turn): a turn and a resume
+            # started at once are serialised, and the second sees the first in the session.
+            list(Conversation.objects.select_for_update().filter(pk=original.conversation_id).values_list("pk"))
+        reconcile.reconcile_run_if_stale(original)
+        facts = resume_rules.gather_resume_facts(original)
+        decision = resume_rules.decide_resume(original, facts=facts)
+        if decision.refusal is not None:
+            raise decision.refusal
+        resumed = write_queued_run(
+            actor=actor,
+            **original.successor_fields(),
+            resume_of=original,
+            session_id=original.session_id,
+            conversation_id=original.conversation_id,
+            agent_fingerprint=facts.fingerprint_now,
+        )
+    logger.info("Run %s resumed as %s by %s", original.run_id, resumed.run_id, actor)
+    return resumed
 
 
 # --- Cancelling -----------------------------------------------------------------------------------
@@ -391,10 +426,7 @@ def cancel_run(run_id: Any, *, actor: Any) -> AgentRun:
     now = timezone.now()
     user = actor if getattr(actor, "is_authenticated", False) else None
     with transaction.atomic():
-        try:
-            run = visibility.visible_runs(actor).select_for_update().get(pk=run_id)
-        except (AgentRun.DoesNotExist, ValidationError, ValueError):
-            raise RunNotFound(run_id) from None
+        run = visibility.get_visible_run(run_id, actor=actor, lock=True)
         permissions.check_may_cancel(actor=actor, run=run)
         # Nobody is left to act on a dead run's cancellation: settle it as what it is instead.
         reconcile.reconcile_run_if_stale(run)

@@ -69,12 +69,9 @@ def describe_event(event: AdkEvent) -> dict[str, Any]:
 
 def run_events(run: AgentRun) -> list[dict[str, Any]]:
     """The events of this run's invocation, oldest first (a chat session holds other runs too)."""
-    events = AdkEvent.objects.filter(
-        app_name=run.agent_name,
-        user_id=run.owner_id,
-        session_id=run.session_id,
-        invocation_id=run.invocation_id,
-    ).order_by("timestamp", "id")[:MAX_EVENTS]
+    events = AdkEvent.objects.of_invocation(
+        app_name=run.agent_name, user_id=run.owner_id, session_id=run.session_id, invocation_id=run.invocation_id
+    )[:MAX_EVENTS]
     return [describe_event(event) for event in events]
 
 

@@ -28,8 +28,16 @@ def visible_runs(user: Any):
     return AgentRun.objects.filter(created_by=user)
 
 
-def get_visible_run(run_id: Any, *, actor: Any) -> AgentRun:
+def get_visible_run(run_id: Any, *, actor: Any, lock: bool = False) -> AgentRun:
+    """The run `actor` may see, else RunNotFound (a malformed id too).
+
+    `lock=True` takes its row lock (`select_for_update()`), inside the caller's transaction: the
+    services that decide on a run and then change it or write its successor.
+    """
+    runs = visible_runs(actor)
+    if lock:
+        runs = runs.select_for_update()
     try:
-        return visible_runs(actor).get(pk=run_id)
+        return runs.get(pk=run_id)
     except (AgentRun.DoesNotExist, ValidationError, ValueError):
         raise RunNotFound(run_id) from None

@@ -12,7 +12,7 @@ from django.contrib.admin.models import LogEntry
 from django.db import connection
 
 from agents.models import AdkEvent, OutboxEmail
-from runs import lifecycle, services
+from runs import chain, lifecycle, services
 from runs import replay as rules
 from runs.models import AgentRun, RunStatus
 from runs.refusals import (
@@ -50,7 +50,7 @@ NO_FACTS = rules.ReplayFacts()
 
 
 def replay_summary(status):
-    return rules.ReplaySummary(uuid.uuid4(), status)
+    return chain.Successor(uuid.uuid4(), status)
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,7 @@ def test_a_run_stopped_after_send_email_resumes_with_update_crm_only(alice, mode
     assert (original.status, original.tools_executed) == (RunStatus.ERROR, ["send_email"])
     model_down_at_second_call()
     requests_seen.clear()  # only what the model is asked from here on
-    resumed = execute(resume.resume_run(original.run_id, actor=alice))
+    resumed = execute(services.resume_run(original.run_id, actor=alice))
     assert resumed.status == RunStatus.SUCCESS, resumed.error_message
     assert resumed.tools_executed == ["update_crm"]
     assert resumed.session_id == original.session_id and resumed.resume_of_id == original.run_id
@@ -68,7 +68,7 @@ def test_a_run_that_had_answered_before_it_stopped_resumes_to_that_answer_withou
                        created_by=alice)
     AgentRun.objects.filter(pk=answered.pk).update(status=RunStatus.ERROR, error_code="reconciled", result="")
     requests_seen.clear()  # only what the model is asked from here on
-    resumed = execute(resume.resume_run(answered.run_id, actor=alice))
+    resumed = execute(services.resume_run(answered.run_id, actor=alice))
     assert (resumed.status, resumed.result) == (RunStatus.SUCCESS, "Emailed Jane and noted it.")
     assert requests_seen == [] and resumed.tools_executed == []
     assert OutboxEmail.objects.count() == 1 and CrmNote.objects.count() == 1
@@ -188,7 +188,7 @@ def test_a_call_in_doubt_settled_done_is_answered_from_the_settlement(alice, adm
     assert [(a.kind, a.response["evidence"]) for a in preview] == [
         (resume.SETTLED_DONE, "The outbox shows the email to Jane.")]
     requests_seen.clear()  # only what the model is asked from here on
-    resumed = execute(resume.resume_run(original.run_id, actor=alice))
+    resumed = execute(services.resume_run(original.run_id, actor=alice))
     assert resumed.status == RunStatus.SUCCESS, resumed.error_message
     assert resumed.tools_executed == [] and OutboxEmail.objects.count() == 1
     seen = [p.function_response.response for c in requests_seen[0].contents for p in c.parts if p.function_response]
@@ -209,7 +209,7 @@ def test_a_call_settled_not_done_is_called_again_by_the_model_under_a_fresh_id(a
                         note="The outbox is empty.")
     (answer,) = resume.decide_resume(original).answers
     assert answer.kind == resume.SETTLED_NOT_DONE and "did not happen" in answer.response["error"]
-    resumed = execute(resume.resume_run(original.run_id, actor=alice))
+    resumed = execute(services.resume_run(original.run_id, actor=alice))
     assert resumed.status == RunStatus.SUCCESS, resumed.error_message
     (again,) = resumed.tool_calls.all()
     assert again.tool_name == "send_email" and again.call_id == f"mail-1~{resumed.run_id.hex[:8]}"
@@ -231,10 +231,10 @@ def test_a_resumed_run_can_itself_be_resumed_then_replayed_under_the_same_rules(
 
     monkeypatch.setattr(ScriptedLlm, "generate_content_async", down)
     first = run_now(params=script_params(*script), created_by=alice)
-    second = execute(resume.resume_run(first.run_id, actor=alice))
+    second = execute(services.resume_run(first.run_id, actor=alice))
     assert (second.status, second.tools_executed) == (RunStatus.ERROR, ["update_crm"])
     failing_at["calls"] = 99
-    third = execute(resume.resume_run(second.run_id, actor=alice))
+    third = execute(services.resume_run(second.run_id, actor=alice))
     assert (third.status, third.tools_executed, third.result) == (RunStatus.SUCCESS, ["lookup_customer"], "All done.")
     assert third.session_id == first.session_id
     assert OutboxEmail.objects.count() == 1 and CrmNote.objects.count() == 1
@@ -250,7 +250,7 @@ def test_a_resumed_run_can_itself_be_resumed_then_replayed_under_the_same_rules(
 @db
 def test_the_intent_of_a_resume_is_its_originals(alice, model_down_at_second_call):
     original = failed_after_email(alice, model_down_at_second_call)
-    resumed = resume.resume_run(original.run_id, actor=alice)
+    resumed = services.resume_run(original.run_id, actor=alice)
     assert effects.intent_id(resumed) == effects.intent_id(original) == f"run:{original.run_id}"
 
 
@@ -264,7 +264,7 @@ def test_concurrent_resume_requests_create_one_resume(alice, model_down_at_secon
     def request() -> None:
         barrier.wait()
         try:
-            resume.resume_run(original.run_id, actor=alice)
+            services.resume_run(original.run_id, actor=alice)
             outcomes.append("resumed")
         except Refusal as refusal:
             outcomes.append(refusal.code)
@@ -354,7 +354,7 @@ def test_a_failed_chat_turn_resumes_in_its_conversation_and_the_next_turn_follow
     model_down_at_second_call()
 
     # While the resume waits to run, the conversation is busy: no next turn slips in before it.
-    resumed = resume.resume_run(first.run_id, actor=alice)
+    resumed = services.resume_run(first.run_id, actor=alice)
     assert (resumed.conversation_id, resumed.session_id, resumed.trigger) == (
         first.conversation_id, first.session_id, "chat")
     with pytest.raises(turns.ConversationBusy):
@@ -394,7 +394,7 @@ def test_a_chat_turn_the_conversation_went_on_after_is_refused(alice, model_down
 def test_a_replay_waits_for_a_resume_in_flight_and_a_finished_resume_needs_force(alice, model_down_at_second_call):
     original = failed_after_email(alice, model_down_at_second_call)
     model_down_at_second_call()
-    resumed = resume.resume_run(original.run_id, actor=alice)
+    resumed = services.resume_run(original.run_id, actor=alice)
     decision = rules.decide(original, force=True)
     assert (decision.code, decision.refusal.context["resume_run_id"]) == ("resume_in_flight", str(resumed.run_id))
     execute(resumed)
@@ -425,5 +425,5 @@ def test_a_run_stopped_inside_a_sub_agent_resumes_in_that_agent(agents_dir, alic
     original = run_now(agent_name="mailer", params=params, created_by=alice)
     assert original.status == RunStatus.ERROR and original.tools_executed == ["transfer_to_agent", "lookup_customer"]
     model_down_at_second_call()
-    resumed = execute(resume.resume_run(original.run_id, actor=alice))
+    resumed = execute(services.resume_run(original.run_id, actor=alice))
     assert (resumed.status, resumed.result, resumed.tools_executed) == (RunStatus.SUCCESS, "Jane is on the pro plan.", [])

@@ -19,7 +19,7 @@ import pytest
 
 from agents import scripted
 from agents.models import CrmNote, OutboxEmail
-from runs import effects, reconcile, resume
+from runs import effects, reconcile, resume, services
 from runs.models import AgentRun, RunStatus
 from runs.refusals import ResumeCallsInDoubt
 from runs.tasks import execute_run
@@ -41,7 +41,7 @@ def crashed(point: int, script: list) -> AgentRun:
 
 
 def resumed_and_executed(run: AgentRun, actor) -> AgentRun:
-    again = resume.resume_run(run.run_id, actor=actor)
+    again = services.resume_run(run.run_id, actor=actor)
     execute_run(str(again.run_id))
     again.refresh_from_db()
     return again
@@ -72,7 +72,7 @@ def test_killed_inside_send_email_after_its_effect_waits_for_a_person_then_reuse
     run = crashed(5, [dict(SEND_EMAIL, crash="after_effect"), UPDATE_CRM, ANSWER])
     assert OutboxEmail.objects.count() == 1
     with pytest.raises(ResumeCallsInDoubt) as refused:
-        resume.resume_run(run.run_id, actor=admin_user)
+        services.resume_run(run.run_id, actor=admin_user)
     call = run.tool_calls.get(tool_name="send_email")
     assert refused.value.context["calls"] == [call.call_id]
 
@@ -102,10 +102,10 @@ def test_two_processes_resuming_one_run_create_one_resume(admin_user):
     code = textwrap.dedent(f"""
         from django.contrib.auth import get_user_model
         from config.lib.refusals import Refusal
-        from runs import resume
+        from runs import services
         actor = get_user_model().objects.get(pk={admin_user.pk})
         try:
-            print(resume.resume_run("{run.run_id}", actor=actor).run_id)
+            print(services.resume_run("{run.run_id}", actor=actor).run_id)
         except Refusal as refusal:
             print(refusal.code)
     """)

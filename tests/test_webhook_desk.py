@@ -11,7 +11,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from agents.models import OutboxEmail
-from runs import executor, resume
+from runs import executor, services
 from runs.inbox import desk, processing, receipt
 from runs.models import AgentRun, EventStatus, RunStatus, WebhookEvent, WebhookSource
 from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL
@@ -281,7 +281,7 @@ def test_an_event_whose_run_a_person_resumed_waits_for_the_resume_then_closes(su
     model_down_at_second_call()  # the provider is back
     past = timezone.now() - timedelta(minutes=5)
     WebhookEvent.objects.filter(pk=event.pk).update(status=EventStatus.PROCESSING, lease_expires_at=past, last_error="")
-    resumed = resume.resume_run(original.run_id, actor=support_agent)
+    resumed = services.resume_run(original.run_id, actor=support_agent)
 
     # While the resume continues the run, the event waits: nobody needs to review it.
     assert processing.claim_event(event_id=event.pk, worker="w1").run_id is None

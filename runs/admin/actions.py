@@ -15,7 +15,7 @@ from django.http import HttpResponseRedirect
 from django.urls import reverse
 
 from config.lib.admin import ActionChoice, ReasonedAction, act_on_each, back, confirm_with_reason
-from runs import reconcile, services
+from runs import permissions, reconcile, services
 from runs import replay as rules
 from runs.models import AgentRun, EffectsChoice, RunStatus
 
@@ -149,7 +149,7 @@ def force_replay_selected(modeladmin, request, queryset):
     return confirm_with_reason(
         modeladmin, request, queryset, runs,
         action=FORCE_REPLAY,
-        permitted=services.can_force_replay(request.user),
+        permitted=permissions.may_force_replay(user=request.user),
         rows=force_replay_rows,
         perform=perform,
     )

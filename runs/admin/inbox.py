@@ -251,7 +251,7 @@ class WebhookEventAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAd
         return super().has_view_permission(request, obj) or request.user.has_perm("runs.view_agentrun")
 
     def has_force_replay_permission(self, request, obj=None):
-        return services.can_force_replay(request.user) and permissions.may_replay_others(user=request.user)
+        return permissions.may_force_replay(user=request.user) and permissions.may_replay_others(user=request.user)
 
     def has_replay_permission(self, request, obj=None):
         return permissions.may_replay_others(user=request.user)

@@ -1,4 +1,4 @@
-"""The run page's Resume button: a confirmation page with the preview, then `runs.resume.resume_run`.
+"""The run page's Resume button: a confirmation page with the preview, then `runs.services.resume_run`.
 
 The page shows, per selected run, what a resume would do now (`decide_resume`): the refusal in
 its own words, or how each dangling call would be answered and what the model will see. The
@@ -15,7 +15,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseRedirect
 
 from config.lib.admin import act_on_each, back, confirmation_page
-from runs import resume
+from runs import permissions, resume, services
 from runs.admin.actions import change_url, run_label
 from runs.models import AgentRun
 
@@ -29,7 +29,7 @@ def resume_rows(runs: list[AgentRun], actor) -> list[dict]:
         rows.append({
             "run": run,
             "url": change_url(run),
-            "permitted": resume.may_resume(actor=actor, run=run),
+            "permitted": permissions.may_resume(actor=actor, run=run),
             "allowed": decision.allowed,
             "refusal": decision.refusal.admin_detail if decision.refusal is not None else "",
             "preview": [
@@ -48,7 +48,7 @@ def resume_selected(modeladmin, request, queryset):
     if request.POST.get("post"):
         created = act_on_each(
             modeladmin, request, runs,
-            act=lambda run: resume.resume_run(run.run_id, actor=request.user),
+            act=lambda run: services.resume_run(run.run_id, actor=request.user),
             label=run_label,
             success=lambda run, resumed: f"Resumed as run {str(resumed.run_id)[:8]} in the same session.",
         )

@@ -16,6 +16,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from agents.workflow_html import GRAPH_CSS, render_graph
+from runs import chain
 from runs import replay as rules
 from runs.admin.actions import change_url
 from runs.models import AgentRun
@@ -106,14 +107,7 @@ MAX_CHAIN_RUNS = 200
 
 def replay_chain(run: AgentRun) -> list[dict]:
     """The run's family: up to the first original, then every replay below it, indented."""
-    root = run
-    for _ in range(MAX_CHAIN_RUNS):
-        if root.replay_of_id is None:
-            break
-        parent = AgentRun.objects.filter(pk=root.replay_of_id).first()
-        if parent is None:
-            break
-        root = parent
+    root = chain.root_of(run, via=chain.REPLAYS, limit=MAX_CHAIN_RUNS)
     children: dict = {}
     level = [root.run_id]
     total = 1

@@ -14,7 +14,7 @@ from config.lib.admin import (
     ReadOnlyAdminMixin,
     object_buttons,
 )
-from runs import permissions, reconcile, resume, services, timeline
+from runs import permissions, reconcile, resume, timeline
 from runs.admin import actions, live, run_page, settle
 from runs.admin.filters import AgentFilter, DeskFilter, StaleRunningFilter, ToolsStateFilter
 from runs.admin.resume import resume_selected
@@ -114,7 +114,7 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
         return super().get_queryset(request).annotate(latest_replay_id=Subquery(latest_replay))
 
     def has_force_replay_permission(self, request, obj=None):
-        return services.can_force_replay(request.user)
+        return permissions.may_force_replay(user=request.user)
 
     # The actions' gates ask what the API asks (runs.permissions); each run is still checked by
     # the service, so someone else's run without the permission is refused on its own line.

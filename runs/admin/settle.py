@@ -11,7 +11,7 @@ from django.contrib.admin.utils import unquote
 from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 
 from config.lib.refusals import Refusal
-from runs import effects
+from runs import effects, permissions
 from runs import replay as rules
 from runs.admin.actions import change_url
 from runs.models import AgentRun, SettledOutcome, ToolCall
@@ -24,7 +24,7 @@ def settle_context(run: AgentRun, facts: rules.ReplayFacts, *, user) -> dict:
     return {
         "calls_in_doubt": list(calls.filter(call_id__in=doubt_ids)) if doubt_ids and not run.is_in_flight else [],
         "settled_calls": list(calls.exclude(settled_outcome="")),
-        "can_settle": effects.can_settle(user),
+        "can_settle": permissions.may_settle(user=user),
         "settle_outcomes": SettledOutcome.choices,
         "max_note_chars": effects.MAX_NOTE_CHARS,
     }

@@ -17,7 +17,7 @@ from config.lib.api_errors import InvalidCursor, errors
 from config.lib.parsers import BoundedMultiPartParser, StrictJSONParser
 from config.lib.serializers import EmptySerializer
 from config.lib.throttles import REPLAY, START_RUN, ScopedUserRateThrottle
-from runs import effects, reconcile, resume, services, timeline, visibility
+from runs import effects, reconcile, services, timeline, visibility
 from runs.api.serializers import (
     ReplayRequestSerializer,
     RunCreateSerializer,
@@ -29,6 +29,7 @@ from runs.api.serializers import (
     ToolCallSerializer,
 )
 from runs.models import AgentRun, RunStatus, RunStep, ToolCall, Trigger
+from runs.refusals import REPLAY_REFUSAL_ORDER, RESUME_REFUSAL_ORDER, said_in_order
 
 CURSOR_FORMAT = "cursor"
 
@@ -198,9 +199,12 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @extend_schema(
         summary="Replay a settled run as a new run",
         description=(
-            "Follows the replay rules: 409 `run_in_flight`, `replay_in_flight`, `run_succeeded`, "
-            "`already_replayed`, `calls_in_doubt`, `tools_called`, `tools_unknown`; 410 `input_gone`. A run "
-            "whose calls were all read only is replayed without force. Someone else's run needs the permission "
+            "Follows the replay rules, in this order (the first that applies answers): "
+            + said_in_order(tuple(refusal for refusal in REPLAY_REFUSAL_ORDER if not refusal.forceable))
+            + " (force cannot set these aside), then, without force, "
+            + said_in_order(tuple(refusal for refusal in REPLAY_REFUSAL_ORDER if refusal.forceable))
+            + ". A run whose calls were all read only is replayed without force (checked before `tools_called`). "
+            "Someone else's run needs the permission "
             "runs.replay_agentrun (else 403 `replay_not_permitted`); one's own run needs none, but its owner "
             "must still be one the caller may act for (else 403 `owner_not_permitted`). `force` overrides the "
             "refusals a person may override; it needs the permission runs.force_replay_agentrun (else 403) and a `reason` (else "
@@ -246,10 +250,10 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             "result, or a person's settlement (done: with their note; not done: the model is told it did not "
             "happen) — and lets the model go on. No tool that already ran runs again. The body may be empty. "
             "Who: the run's creator, or the permission runs.replay_agentrun (else 403 `resume_not_permitted`). "
-            "Refusals: 409 `run_in_flight`, `already_resumed`, `already_replayed` (one successor per run), "
-            "`run_succeeded`, `conversation_moved_on` (a chat turn the conversation went on after), "
-            "`workflow_not_resumable`, `agent_changed` (its definition changed: replay "
-            "instead), `calls_in_doubt` (settle them first); 410 `session_gone` (its events were purged). "
+            "Refusals, in this order (the first that applies answers): " + said_in_order(RESUME_REFUSAL_ORDER) + ". "
+            "A run has one successor (`already_resumed` / `already_replayed`: resume or replay that one); "
+            "`conversation_moved_on`: a chat turn the conversation went on after; `session_gone`: its events were "
+            "purged; `agent_changed`: its definition changed (replay instead); `calls_in_doubt`: settle them first. "
             "`GET /api/runs/{id}/` shows the decision now as `resume_decision`."
         ),
         request=EmptySerializer,
@@ -269,7 +273,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @action(detail=True, methods=["post"])
     def resume(self, request, run_id=None):
         EmptySerializer(data=request.data).is_valid(raise_exception=True)
-        return self._run_response(resume.resume_run(run_id, actor=request.user))
+        return self._run_response(services.resume_run(run_id, actor=request.user))
 
     @extend_schema(
         summary="Settle a tool call in doubt: did it act or not?",

@@ -24,6 +24,7 @@ from runs import replay as rules
 from runs import resume
 from runs.effects import MAX_NOTE_CHARS
 from runs.models import AgentRun, EffectsChoice, RunStep, SettledOutcome, ToolCall
+from runs.refusals import REPLAY_REFUSAL_ORDER, RESUME_REFUSAL_ORDER
 from runs.services import MAX_FORCE_REASON_CHARS, MAX_OWNER_ID_CHARS
 
 # A schema no value satisfies: a choice among no names.
@@ -268,7 +269,10 @@ class CallPreviewSerializer(serializers.Serializer):
 class ReplayDecisionSerializer(serializers.Serializer):
     allowed = serializers.BooleanField()
     status = serializers.IntegerField(help_text="What POST .../replay/ without force would answer.")
-    code = serializers.CharField(help_text="replayable, or the refusal code.")
+    code = serializers.CharField(
+        help_text="replayable, or the first refusal that applies, in this order: "
+        + ", ".join(refusal.code for refusal in REPLAY_REFUSAL_ORDER) + "."
+    )
     detail = serializers.CharField()
     tools = serializers.ListField(child=serializers.CharField(), required=False)
     replay_run_id = serializers.UUIDField(required=False)
@@ -294,7 +298,10 @@ class ResumePreviewSerializer(serializers.Serializer):
 class ResumeDecisionSerializer(serializers.Serializer):
     allowed = serializers.BooleanField()
     status = serializers.IntegerField(help_text="What POST .../resume/ would answer.")
-    code = serializers.CharField(help_text="resumable, or the refusal code.")
+    code = serializers.CharField(
+        help_text="resumable, or the first refusal that applies, in this order: "
+        + ", ".join(refusal.code for refusal in RESUME_REFUSAL_ORDER) + "."
+    )
     detail = serializers.CharField()
     tools = serializers.ListField(child=serializers.CharField(), required=False)
     calls = serializers.ListField(child=serializers.CharField(), required=False,

@@ -26,8 +26,6 @@ from runs.inbox.refusals import (
     EventInFlight,
     EventNotFound,
     NothingToResolve,
-    ResolveNotPermitted,
-    RetryNotPermitted,
 )
 from runs.models import AgentRun, EventStatus, WebhookEvent
 
@@ -41,6 +39,14 @@ def _locked_event(event_id: Any) -> WebhookEvent:
         return WebhookEvent.objects.select_for_update().select_related("source").get(pk=event_id)
     except (WebhookEvent.DoesNotExist, ValidationError, ValueError):
         raise EventNotFound(event_id) from None
+
+
+def _locked_idle_event(event_id: Any) -> WebhookEvent:
+    """The event, locked, unless a worker is processing it now (then a person waits)."""
+    event = _locked_event(event_id)
+    if event.status == EventStatus.PROCESSING:
+        raise EventInFlight()
+    return event
 
 
 def _hand_to_worker(event: WebhookEvent, now: datetime) -> None:
@@ -62,13 +68,10 @@ def retry_event(event_id: Any, *, actor: Any) -> AgentRun:
 
     The attempts ceiling does not apply: a person asked. Returns the new run.
     """
-    if not permissions.may_replay_others(user=actor):
-        raise RetryNotPermitted()
+    permissions.check_may_retry_events(actor=actor)
     now = timezone.now()
     with files_follow_transaction(), transaction.atomic():
-        event = _locked_event(event_id)
-        if event.status == EventStatus.PROCESSING:
-            raise EventInFlight()
+        event = _locked_idle_event(event_id)
         if event.status in {EventStatus.DONE, EventStatus.RESOLVED}:
             raise EventClosed(event.get_status_display())
         previous = last_run(event)
@@ -88,13 +91,10 @@ def retry_event(event_id: Any, *, actor: Any) -> AgentRun:
 def force_reprocess_event(event_id: Any, *, actor: Any, reason: str) -> AgentRun:
     """Process the event again even where the rules refuse (tools called, unknown, done, resolved)."""
     reason = services.check_force(actor=actor, reason=reason)
-    if not permissions.may_replay_others(user=actor):
-        raise RetryNotPermitted()
+    permissions.check_may_retry_events(actor=actor)
     now = timezone.now()
     with files_follow_transaction(), transaction.atomic():
-        event = _locked_event(event_id)
-        if event.status == EventStatus.PROCESSING:
-            raise EventInFlight()
+        event = _locked_idle_event(event_id)
         previous = last_run(event)
         overridden = ""
         if previous is not None:
@@ -121,13 +121,10 @@ def force_reprocess_event(event_id: Any, *, actor: Any, reason: str) -> AgentRun
 
 def resolve_event(event_id: Any, *, actor: Any) -> WebhookEvent:
     """A person handled the event (or decided it needs nothing more): it is closed, never retried."""
-    if not permissions.may_resolve_events(user=actor):
-        raise ResolveNotPermitted()
+    permissions.check_may_resolve_events(actor=actor)
     now = timezone.now()
     with transaction.atomic():
-        event = _locked_event(event_id)
-        if event.status == EventStatus.PROCESSING:
-            raise EventInFlight()
+        event = _locked_idle_event(event_id)
         if event.status in {EventStatus.DONE, EventStatus.RESOLVED}:
             raise NothingToResolve(event.get_status_display())
         was = event.get_status_display()

@@ -50,24 +50,10 @@ from runs.inbox import receipt
 from runs.inbox.attempts import files_follow_transaction, last_run, start_attempt, update_event
 from runs.inbox.refusals import REVIEW_HINT, event_wording
 from runs.models import AgentRun, EventStatus, RunStatus, WebhookEvent
-from runs.refusals import (
-    AlreadyReplayed,
-    AlreadyResumed,
-    ReplayInFlight,
-    ReplayRefused,
-    ResumeInFlight,
-    RunInFlight,
-    RunSucceeded,
-    ToolsCalled,
-    ToolsUnknown,
-)
+from runs.refusals import ALREADY_CONTINUED, STILL_GOING, ReplayRefused, ToolsCalled, ToolsUnknown
 
 logger = logging.getLogger(__name__)
 
-# The event's last run, or what continues it (a replay or a resume), is still working: look later.
-STILL_GOING = (RunInFlight, ReplayInFlight, ResumeInFlight)
-# Its work was finished or taken over by a person's replay or resume: the event is done here.
-ALREADY_CONTINUED = (RunSucceeded, AlreadyReplayed, AlreadyResumed)
 
 # --- Processing ------------------------------------------------------------------------------------
 

@@ -167,14 +167,14 @@ class AgentRun(models.Model):
     def __str__(self) -> str:
         return f"{self.agent_name} run {self.run_id}"
 
-    def successor_fields(self, *, actor: Any) -> dict[str, Any]:
+    def successor_fields(self) -> dict[str, Any]:
         """What a replay or a resume of this run takes over: its trigger, agent, owner and input as
-        written (the stored file included), started by `actor` (None for a system door)."""
+        written (the stored file included), as `runs.services.write_queued_run` takes them (it adds
+        who started the successor)."""
         return {
             "trigger": self.trigger,
             "agent_name": self.agent_name,
             "owner_id": self.owner_id,
-            "created_by": actor if getattr(actor, "is_authenticated", False) else None,
             "config": self.config,
             "input_file": self.input_file,
             "input_file_name": self.input_file_name,
