@@ -15,6 +15,7 @@ import re
 import unicodedata
 from typing import TYPE_CHECKING
 
+from django.db import connections
 from django.db.models import FloatField
 from django.db.models.expressions import RawSQL, Value
 
@@ -56,8 +57,6 @@ def search_terms(query: str) -> list[str]:
 
 
 def _vendor(qs: MemoryEntryQuerySet) -> str:
-    from django.db import connections
-
     return connections[qs.db].vendor
 
 
