@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 
-.PHONY: run test check install migrate clean bench bench-crash
+.PHONY: run test test-fast check install migrate clean bench bench-smoke bench-crash
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,11 +22,9 @@ migrate: install
 run: export DEBUG ?= true
 run: export SCRIPTED_FAULTS_ENABLED ?= true
 run: export SCRIPTS_FROM_USERS_ALLOWED ?= true
-run: migrate
-	$(PY) manage.py setup_schedules
-	$(PY) manage.py ensure_admin
-	$(PY) manage.py seed_demo
-	$(PY) manage.py serve --port $(PORT)
+# One Django start-up migrates, sets up the periodic jobs, the admin user and the demo, then serves.
+run: install
+	$(PY) manage.py serve --setup --port $(PORT)
 
 test: install
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
@@ -49,17 +47,17 @@ $(VENV)/.bench-installed: $(VENV)/.installed bench/requirements.txt
 	$(PY) -m pip install --quiet -r bench/requirements.txt
 	touch $@
 
-bench: export DATABASE_URL = $(BENCH_DATABASE_URL)
+bench bench-smoke: export DATABASE_URL = $(BENCH_DATABASE_URL)
 # The benchmarks drive one user hard on purpose: no request rates or in-flight caps apply there.
-bench: export SECRET_KEY ?= bench-only-not-a-secret-0000000000000000000000000000
-bench: export SCRIPTED_FAULTS_ENABLED ?= true
-bench: export SCRIPTS_FROM_USERS_ALLOWED ?= true
-bench: export THROTTLE_RUNS_START ?= off
-bench: export THROTTLE_REPLAYS ?= off
-bench: export THROTTLE_CHAT_TURNS ?= off
-bench: export MAX_RUNS_IN_FLIGHT_PER_USER ?= 0
-bench: export MAX_CHAT_STREAMS_PER_USER ?= 0
-bench: export BENCH_POSTGRES = $(patsubst %/,%,$(dir $(BENCH_DATABASE_URL)))
+bench bench-smoke: export SECRET_KEY ?= bench-only-not-a-secret-0000000000000000000000000000
+bench bench-smoke: export SCRIPTED_FAULTS_ENABLED ?= true
+bench bench-smoke: export SCRIPTS_FROM_USERS_ALLOWED ?= true
+bench bench-smoke: export THROTTLE_RUNS_START ?= off
+bench bench-smoke: export THROTTLE_REPLAYS ?= off
+bench bench-smoke: export THROTTLE_CHAT_TURNS ?= off
+bench bench-smoke: export MAX_RUNS_IN_FLIGHT_PER_USER ?= 0
+bench bench-smoke: export MAX_CHAT_STREAMS_PER_USER ?= 0
+bench bench-smoke: export BENCH_POSTGRES = $(patsubst %/,%,$(dir $(BENCH_DATABASE_URL)))
 bench: $(VENV)/.bench-installed
 	mkdir -p bench/results
 	$(PY) bench/overhead.py --runs 200 --warmup 20
@@ -76,6 +74,31 @@ bench: $(VENV)/.bench-installed
 	$(PY) bench/webhook_throughput.py
 	$(PY) bench/concurrency.py --runs 500 --latency 1 --serial-runs 20
 	$(PY) bench/report.py --markdown $(BENCH_REPORT)
+
+# Every benchmark at its smallest size, so none can rot unseen (CI runs this on PostgreSQL). The
+# figures mean nothing at these sizes: they go to a scratch directory, not bench/results/. The
+# databases are copies of one migrated template.
+BENCH_SMOKE_RESULTS ?= $(or $(TMPDIR),/tmp)/agentledger-bench-smoke
+bench-smoke: export BENCH_TEMPLATE = true
+bench-smoke: export BENCH_RESULTS_DIR = $(BENCH_SMOKE_RESULTS)
+bench-smoke: $(VENV)/.bench-installed
+	rm -rf $(BENCH_SMOKE_RESULTS)
+	$(PY) bench/_benchdb.py template
+	$(PY) bench/overhead.py --runs 3 --warmup 1 --block 1 --accounting-runs 2 --events 5
+	$(PY) bench/dbos_peer.py --units 3 --warmup 1 --block 1
+	$(PY) bench/replay_load.py --runs 20 --clients 2 --seconds 2 --workers 1
+	$(PY) bench/reconcile_sweep.py --runs 3500
+	$(PY) bench/purge_events.py --events 10000
+	$(PY) bench/memory_search.py --rows 2000 --owners 20 --queries 10 --vocabulary 200 --heavy 200
+	$(PY) bench/admin_changelist.py --runs 1000 --repeat 1
+	$(PY) bench/desk_overview.py --runs 1000 --repeat 1
+	$(PY) bench/diet_request_size.py
+	$(PY) bench/chat_ttfe.py --turns 2 --warmup 1
+	$(PY) bench/workflow_steps.py --runs 2 --warmup 1 --block 1
+	$(PY) bench/webhook_throughput.py --events 5
+	$(PY) bench/concurrency.py --runs 10 --latency 0.1 --serial-runs 2 --warmup 1
+	$(PY) bench/report.py --results $(BENCH_SMOKE_RESULTS)
+	$(PY) bench/_benchdb.py drop-template
 
 # A worker SIGKILLed at each of the seven points of a run, CRASH_MATRIX_REPEATS times per point.
 bench-crash: install

@@ -2,13 +2,19 @@
 
 The server comes from DATABASE_URL (only its host and credentials are used; `make bench` passes
 BENCH_DATABASE_URL), else BENCH_POSTGRES, else the local server on 127.0.0.1:5432. Every
-benchmark database is named agentledger_bench_<name>, so nothing else on the server is touched.
+benchmark database is named agentledger_bench_<name> (BENCH_DATABASE_PREFIX changes the prefix),
+so nothing else on the server is touched.
+
+With BENCH_TEMPLATE=true each database is copied from <prefix>template, migrated once by
+`python bench/_benchdb.py template` (and dropped by `... drop-template`): the smoke run of
+every benchmark (`make bench-smoke`) then pays for the migrations once instead of per script.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -19,7 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432/postgres"
-PREFIX = "agentledger_bench_"
+PREFIX = os.environ.get("BENCH_DATABASE_PREFIX") or "agentledger_bench_"
+if "bench" not in PREFIX:
+    sys.exit(f"BENCH_DATABASE_PREFIX={PREFIX!r}: benchmark database names must say 'bench'")
+TEMPLATE = f"{PREFIX}template"
 
 
 def database_url(database: str) -> str:
@@ -55,8 +64,22 @@ def create_database(database: str, *, fresh: bool = True) -> bool:
         drop_database(database)
     elif _admin("SELECT 1 FROM pg_database WHERE datname = %s", [_checked(database)]):
         return False
-    _admin(f'CREATE DATABASE "{_checked(database)}"')
+    if os.environ.get("BENCH_TEMPLATE", "").lower() in ("1", "true", "yes", "on"):
+        _admin(f'CREATE DATABASE "{_checked(database)}" TEMPLATE "{TEMPLATE}"')
+    else:
+        _admin(f'CREATE DATABASE "{_checked(database)}"')
     return True
+
+
+def make_template() -> None:
+    """<prefix>template, created anew and migrated in a child process (a template takes no open
+    connection when it is copied)."""
+    drop_database(TEMPLATE)
+    _admin(f'CREATE DATABASE "{TEMPLATE}"')
+    started = time.monotonic()
+    env = {**os.environ, "DATABASE_URL": database_url(TEMPLATE), "DJANGO_SETTINGS_MODULE": "config.settings"}
+    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
+    print(f"database {TEMPLATE}: migrated in {time.monotonic() - started:.1f} s", flush=True)
 
 
 def use_database(database: str) -> None:
@@ -123,3 +146,10 @@ def timed(label: str, into: dict | None = None):
     if into is not None:
         into[label] = elapsed
     print(f"  {label}: {elapsed:.3f} s")
+
+
+if __name__ == "__main__":
+    commands = {"template": make_template, "drop-template": lambda: drop_database(TEMPLATE)}
+    if len(sys.argv) != 2 or sys.argv[1] not in commands:
+        sys.exit(f"usage: {sys.argv[0]} {'|'.join(commands)}")
+    commands[sys.argv[1]]()

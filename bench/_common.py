@@ -20,7 +20,8 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 PROJECT_DIR = BENCH_DIR.parent
-RESULTS_DIR = BENCH_DIR / "results"
+# The smoke run writes elsewhere: its tiny sizes must not replace the real figures.
+RESULTS_DIR = Path(os.environ.get("BENCH_RESULTS_DIR") or BENCH_DIR / "results")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -109,7 +110,7 @@ def save_results(name: str, rows: list[dict], **extra) -> Path:
         **extra,
     }
     path.write_text(json.dumps(payload, indent=2, default=str))
-    print(f"results: {path.relative_to(PROJECT_DIR)}")
+    print(f"results: {path}")
     return path
 
 

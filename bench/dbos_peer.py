@@ -25,10 +25,10 @@ import time
 import uuid
 from collections import defaultdict
 
-from _benchdb import bench_database
+from _benchdb import PREFIX, bench_database
 from _common import print_table, save_results, summary
 
-DBOS_SYSTEM_DATABASE = "agentledger_bench_dbos_sys"
+DBOS_SYSTEM_DATABASE = f"{PREFIX}dbos_sys"
 
 
 def main() -> None:

@@ -447,7 +447,7 @@ def account_events(stores: dict, wires: dict, count: int, run_coroutine) -> dict
 
 def time_parts(run_c, runs: int, store_sessions) -> dict[str, tuple[float, float]]:
     """Where the time of (c) goes: the session store's calls and the ledger's own steps."""
-    from runs import services
+    from runs import lifecycle, services
 
     store_class = type(store_sessions)
     timers: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
@@ -483,8 +483,8 @@ def time_parts(run_c, runs: int, store_sessions) -> dict[str, tuple[float, float
         timed(store_class, "get_session", "session store: get_session"),
         timed(store_class, "create_session", "session store: create_session"),
         timed(services, "start_run", "ledger: start_run"),
-        timed(services, "claim_and_load_run", "ledger: claim"),
-        timed(services, "settle_run", "ledger: settle"),
+        timed(lifecycle, "claim_and_load_run", "ledger: claim"),
+        timed(lifecycle, "settle_run", "ledger: settle"),
         timed(executor_module(), "_remember", "ledger: memory feed"),
     ]
     started = time.perf_counter()

@@ -11,6 +11,7 @@ naive way, in one DELETE, as the peer. Drops the database at the end.
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import time
@@ -26,11 +27,11 @@ OLD = 1_000_000
 IN_FLIGHT_SESSIONS = 50
 BATCH_SIZE = 5_000
 
-SESSIONS_SQL = f"""
+SESSIONS_SQL = """
 INSERT INTO sessions (app_name, user_id, id, state, create_time, update_time)
 SELECT 'support', 'owner-' || mod(g, 1000), 'sess-' || g, '{{}}'::jsonb,
        (now() at time zone 'utc') - interval '130 days', (now() at time zone 'utc') - interval '1 day'
-FROM generate_series(1, {SESSIONS}) AS g
+FROM generate_series(1, {sessions}) AS g
 """
 
 # Event g belongs to session mod(g, SESSIONS) + 1; events 1..OLD are 100-130 days old.
@@ -63,7 +64,7 @@ def load() -> None:
     from runs.models import AgentRun, RunStatus
 
     with connection.cursor() as cursor:
-        cursor.execute(SESSIONS_SQL)
+        cursor.execute(SESSIONS_SQL.format(sessions=SESSIONS))
     load_events(1, EVENTS)
     AgentRun.objects.bulk_create(
         AgentRun(agent_name="support", owner_id=f"owner-{g % 1000}", session_id=f"sess-{g}",
@@ -81,6 +82,11 @@ def protected_old_events(cutoff) -> int:
 
 
 def main() -> None:
+    global SESSIONS, EVENTS, OLD
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=EVENTS, help="events in the table: half old, 100 a session")
+    EVENTS = max(parser.parse_args().events, 2 * IN_FLIGHT_SESSIONS * 100)
+    SESSIONS, OLD = EVENTS // 100, EVENTS // 2
     with bench_database("purge"):
         from django.db import connection, transaction
 

@@ -10,6 +10,7 @@ scans disabled as the peer. Drops the database at the end.
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import time
@@ -100,6 +101,10 @@ def candidate_scan_seconds(repeats: int = 15) -> float:
 
 
 def main() -> None:
+    global TOTAL
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=TOTAL, help=f"runs in the table (at least {STALE + LIVE + QUEUED:,})")
+    TOTAL = max(parser.parse_args().runs, STALE + LIVE + QUEUED)
     with bench_database("reconcile"):
         from django.db import connection
         from django.utils import timezone

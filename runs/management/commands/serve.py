@@ -5,8 +5,11 @@ import sys
 import time
 
 from django.conf import settings
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 
+from agents.adk import release_process_resources
 from agents.registry import AGENTS
 
 
@@ -29,6 +32,21 @@ class Command(BaseCommand):
         parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
         parser.add_argument("--web-workers", type=int, default=1, help="uvicorn worker processes")
+        parser.add_argument(
+            "--setup",
+            action="store_true",
+            help="first migrate, set up the periodic jobs, ensure the admin user and seed the demo",
+        )
+
+    def set_up(self) -> None:
+        """What `make run` needs before serving, in this one process: each step is idempotent, and
+        one Django start-up instead of five is most of the time of a second start."""
+        call_command("migrate", interactive=False, stdout=self.stdout, stderr=self.stderr)
+        for name in ("setup_schedules", "ensure_admin", "seed_demo"):
+            call_command(name, stdout=self.stdout, stderr=self.stderr)
+        # The servers are other processes: this one keeps no connection (nor ADK pool) open.
+        release_process_resources()
+        connections.close_all()
 
     def report_agents(self) -> None:
         """Load AGENTS_DIR once here so a broken package is said at start-up, not at its first run."""
@@ -41,6 +59,8 @@ class Command(BaseCommand):
                 self.stderr.write(self.style.WARNING(f"Agent {name}: {error}"))
 
     def handle(self, *args, **options):
+        if options["setup"]:
+            self.set_up()
         self.report_agents()
         python = sys.executable
         commands = {
