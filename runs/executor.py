@@ -173,6 +173,10 @@ def describe_step_failure(
 
 
 EMPTY_TURN_MESSAGE = "The model returned an empty answer, so the run stopped without a result."
+NO_ANSWER_MESSAGE = (
+    "The agent finished without an answer: no final response came back and no error was reported. "
+    "Check the run's events for its last model call before running it again."
+)
 
 
 def empty_turn_message(retries: RetryLog) -> str:
@@ -246,6 +250,7 @@ async def run_agent(
     abort_event = asyncio.Event()
     control.attach(asyncio.get_running_loop(), abort_event)
     texts: list[str] = []
+    answered = False  # a final response with content: text, or a tool's own answer (skip_summarization)
     events: list[Event] = []
     last_error: tuple[str, str] | None = None
     try:
@@ -269,6 +274,7 @@ async def run_agent(
             if event.error_code:
                 last_error = (event.error_code, event.error_message or "")
             if event.author != "user" and event.is_final_response():
+                answered = answered or bool(event.content and event.content.parts)
                 text = _final_text(event)
                 if text:
                     texts.append(text)
@@ -306,6 +312,9 @@ async def run_agent(
             return Outcome(RunStatus.ERROR, code.lower()[:64], message or code)
     if steps is not None:
         return Outcome(RunStatus.SUCCESS, result=output_text(steps.final_output), events=events)
+    if not texts and not answered:
+        # Whatever the model did, nothing answered the run: that is not a success to report.
+        return Outcome(RunStatus.ERROR, "no_answer", NO_ANSWER_MESSAGE)
     return Outcome(RunStatus.SUCCESS, result="\n".join(texts), events=events)
 
 
