@@ -10,8 +10,12 @@ sent (and billed, and held in memory) on every call after it. `strip_old_payload
 
 where N is the length of the base64 text the payload would have taken in the request.
 
-The latest turn (from the latest user message on) is sent whole: the model needs what it
-was just given. Ordinary long text is never touched, and neither is the stored session: ADK
+The current turn — from the run's own message (its text and file) on, so every tool answer since —
+is sent whole on every model call of the run: the model needs what it was just given. The run's
+message is found as ADK's invocation knows it, not as "the latest user content": ADK inserts
+request-scoped user contents of its own (preload_memory's `<PAST_CONVERSATIONS>` block goes after
+the latest tool answer), and taking one of those for the turn's start would strip the run's own
+file and the latest tool answers. Ordinary long text is never touched, and neither is the stored session: ADK
 hands the callback shallow copies of the session's contents whose nested payloads are shared
 with the session events, so parts are replaced, never modified in place.
 """
@@ -88,16 +92,42 @@ def _is_user_message(content: types.Content) -> bool:
     return content.role == "user" and any(part.function_response is None for part in content.parts or [])
 
 
-def latest_turn_start(contents: list[types.Content]) -> int:
+# What ADK's preload_memory puts before the model (tools/preload_memory_tool.py): not a message.
+_MEMORY_BLOCK = "<PAST_CONVERSATIONS>"
+
+
+def _is_inserted_context(content: types.Content) -> bool:
+    return any(_MEMORY_BLOCK in (part.text or "") for part in content.parts or [])
+
+
+def _shape(content: types.Content) -> list[tuple]:
+    # Compared by what the model reads: a stored message may come back without a file's display name.
+    return [
+        (part.text, part.inline_data.mime_type, len(part.inline_data.data or b""))
+        if part.inline_data is not None
+        else (part.text, None, None)
+        for part in content.parts or []
+    ]
+
+
+def latest_turn_start(contents: list[types.Content], own_message: types.Content | None = None) -> int:
+    """Where the current turn starts: the run's own message, else the latest message of a person."""
+    if own_message is not None and own_message.parts:
+        shape = _shape(own_message)
+        for index in range(len(contents) - 1, -1, -1):
+            if contents[index].role == "user" and _shape(contents[index]) == shape:
+                return index
     for index in range(len(contents) - 1, -1, -1):
-        if _is_user_message(contents[index]):
+        if _is_user_message(contents[index]) and not _is_inserted_context(contents[index]):
             return index
     return max(len(contents) - 1, 0)
 
 
-def strip_contents(contents: list[types.Content], *, min_chars: int) -> tuple[list[types.Content], int]:
+def strip_contents(
+    contents: list[types.Content], *, min_chars: int, own_message: types.Content | None = None
+) -> tuple[list[types.Content], int]:
     """New contents with old payloads stripped, and the number of payload characters removed."""
-    keep_from = latest_turn_start(contents)
+    keep_from = latest_turn_start(contents, own_message)
     result: list[types.Content] = []
     removed = 0
     for index, content in enumerate(contents):
@@ -120,7 +150,11 @@ def strip_contents(contents: list[types.Content], *, min_chars: int) -> tuple[li
 
 def strip_old_payloads(callback_context: CallbackContext, llm_request: LlmRequest) -> None:
     """before_model_callback: returns None so the (lighter) request goes to the model."""
-    llm_request.contents, removed = strip_contents(llm_request.contents, min_chars=settings.STRIP_PAYLOAD_MIN_CHARS)
+    llm_request.contents, removed = strip_contents(
+        llm_request.contents,
+        min_chars=settings.STRIP_PAYLOAD_MIN_CHARS,
+        own_message=getattr(callback_context, "user_content", None),
+    )
     if removed:
         logger.debug("Stripped %d characters of old payloads from a model request", removed)
     return None

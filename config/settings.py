@@ -337,12 +337,17 @@ MEMORY_RETENTION_DAYS = env_int("MEMORY_RETENTION_DAYS", None, minimum=1)
 # How many memories one search returns (and `preload_memory` puts in front of the model).
 MEMORY_SEARCH_RESULTS = env_int("MEMORY_SEARCH_RESULTS", 10, minimum=1)
 
-# Retries at the model-call boundary (agents/retrying.py): a rate-limited or empty model call is
+# Retries at the model-call boundary (agents/retrying.py, its table of answers): a model call is
 # sent again only while nothing from it has reached the agent, so no tool can run twice.
 MODEL_RATE_LIMIT_RETRIES = env_int("MODEL_RATE_LIMIT_RETRIES", 2, minimum=0)
 MODEL_RETRY_BASE_DELAY_SECONDS = env_float("MODEL_RETRY_BASE_DELAY_SECONDS", 1.0, minimum=0)
 MODEL_RETRY_MAX_WAIT_SECONDS = env_float("MODEL_RETRY_MAX_WAIT_SECONDS", 60.0, minimum=0)
+# Empty turns and answers that stopped without a usable result (OTHER, MALFORMED_FUNCTION_CALL, …).
 EMPTY_TURN_RETRIES = env_int("EMPTY_TURN_RETRIES", 1, minimum=0)
+# 5xx, a lost connection, a body that is not JSON, no answer within MODEL_TIMEOUT_SECONDS.
+MODEL_FAULT_RETRIES = env_int("MODEL_FAULT_RETRIES", 2, minimum=0)
+# How long one model call may take (each streamed chunk, when streaming) before it counts as lost.
+MODEL_TIMEOUT_SECONDS = env_float("MODEL_TIMEOUT_SECONDS", 120.0, minimum=0.1)
 
 # Chat turns streamed as server-sent events: a comment line keeps idle proxies from closing
 # the stream while a tool works.

@@ -98,6 +98,10 @@ def describe_step_failure(
 
 
 EMPTY_TURN_MESSAGE = "The model returned an empty answer, so the run stopped without a result."
+NO_ANSWER_MESSAGE = (
+    "The agent finished without an answer: no final response came back and no error was reported. "
+    "Check the run's events for its last model call before running it again."
+)
 
 
 def empty_turn_message(retries: RetryLog) -> str:
@@ -155,6 +159,7 @@ class RunEvents:
     texts: list[str] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     last_error: tuple[str, str] | None = None
+    answered: bool = False  # a final response with content: text, or a tool's own answer (skip_summarization)
 
     def stored(self, event: Event) -> None:
         """Note a complete (not partial) event the runner yielded."""
@@ -162,6 +167,7 @@ class RunEvents:
         if event.error_code:
             self.last_error = (event.error_code, event.error_message or "")
         if event.author != "user" and event.is_final_response():
+            self.answered = self.answered or bool(event.content and event.content.parts)
             text = final_text(event)
             if text:
                 self.texts.append(text)
@@ -179,4 +185,7 @@ def finished(seen: RunEvents, *, steps: RunStepRecorder | None, retries: RetryLo
             return Outcome(RunStatus.ERROR, code.lower()[:64], message or code)
     if steps is not None:
         return Outcome(RunStatus.SUCCESS, result=output_text(steps.final_output), events=seen.events)
+    if not seen.texts and not seen.answered:
+        # Whatever the model did, nothing answered the run: that is not a success to report.
+        return Outcome(RunStatus.ERROR, "no_answer", NO_ANSWER_MESSAGE)
     return Outcome(RunStatus.SUCCESS, result="\n".join(seen.texts), events=seen.events)

@@ -220,3 +220,39 @@ def test_the_threshold_comes_from_the_settings(settings):
     settings.STRIP_PAYLOAD_MIN_CHARS = 4000
     diet.strip_old_payloads(None, request)
     assert request.contents[0].parts[0].function_response.response == {"scan": "<stripped: 8000 chars>"}
+
+
+MEMORY_BLOCK = _user(types.Part(text=(
+    "The following content is from your previous conversations with the user.\n"
+    "<PAST_CONVERSATIONS>\nuser: I asked about my refund last week.\n</PAST_CONVERSATIONS>\n"
+)))
+
+
+def _photo_message(text: str) -> types.Content:
+    return _user(types.Part(text=text), types.Part(inline_data=types.Blob(mime_type="image/png", data=_image(1))))
+
+
+def _call(name: str) -> types.Content:
+    return types.Content(role="model", parts=[types.Part(function_call=types.FunctionCall(id="c1", name=name, args={}))])
+
+
+def test_the_memory_block_after_the_latest_tool_answer_is_not_taken_for_the_turns_start(settings):
+    # Where ADK's preload_memory puts its block when the model continues after a tool.
+    own = _photo_message("What is on this picture?")
+    contents = [own, _call("fetch_chart"), _tool_result({"scan": B64}), MEMORY_BLOCK]
+
+    for message in (own, None):  # as the invocation knows it, and without (a resumed run)
+        kept, removed = diet.strip_contents(list(contents), min_chars=4000, own_message=message)
+        assert removed == 0
+        assert kept[0].parts[1].inline_data.data == own.parts[1].inline_data.data
+        assert kept[2].parts[0].function_response.response == {"scan": B64}
+
+
+def test_an_earlier_runs_file_is_stripped_and_the_current_runs_kept(settings):
+    earlier, own = _photo_message("First picture."), _photo_message("Second picture.")
+    contents = [earlier, _model("A chart."), own, _call("fetch_chart"), _tool_result({"scan": B64}), MEMORY_BLOCK]
+
+    kept, removed = diet.strip_contents(list(contents), min_chars=4000, own_message=own)
+    assert kept[0].parts[1].text.startswith("<stripped:")
+    assert removed == len(base64.b64encode(earlier.parts[1].inline_data.data))
+    assert kept[2] is own and kept[4] is contents[4]

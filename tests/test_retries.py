@@ -237,9 +237,17 @@ def test_a_rate_limit_after_something_was_yielded_is_never_retried(settings):
     assert inner.calls == 1
 
 
-def test_other_errors_are_not_retried(settings):
+def test_a_rejected_request_is_not_retried_and_is_named_as_the_providers(settings):
     inner = _Flaky(errors=[genai_errors.ClientError(400, {"error": {"code": 400, "status": "INVALID_ARGUMENT"}})])
-    with pytest.raises(genai_errors.ClientError):
+    [response] = asyncio.run(_collect(RetryingLlm(inner=inner)))
+    assert inner.calls == 1
+    assert response.error_code == "MODEL_REQUEST_REJECTED"
+    assert response.error_message.startswith("The model provider rejected the model call (400 INVALID_ARGUMENT)")
+
+
+def test_failures_that_are_not_the_providers_pass_untouched(settings):
+    inner = _Flaky(errors=[scripted.ScriptedModelError("The scripted model failed.")])
+    with pytest.raises(scripted.ScriptedModelError):
         asyncio.run(_collect(RetryingLlm(inner=inner)))
     assert inner.calls == 1
 

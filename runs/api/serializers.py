@@ -325,8 +325,22 @@ class RunStepSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class ModelRetrySerializer(serializers.Serializer):
+    """One model call sent again at the model-call boundary (README, "Retries that cannot repeat a side effect")."""
+
+    reason = serializers.CharField(help_text="What the provider answered: rate_limit, empty_turn, stopped, "
+                                             "malformed_function_call, recitation, server_error, connection_lost, "
+                                             "not_json or timeout.")
+    attempt = serializers.IntegerField(help_text="The retry's number within its budget, from 1.")
+    waited_s = serializers.FloatField(help_text="Seconds waited before sending the call again.")
+    at = serializers.DateTimeField()
+    detail = serializers.CharField(required=False, help_text="What came back, e.g. 503 UNAVAILABLE: …")
+
+
 class RunDetailSerializer(RunSerializer):
     tool_calls = ToolCallSerializer(many=True, read_only=True)
+    model_retries = ModelRetrySerializer(many=True, read_only=True,
+                                         help_text="The run's model calls sent again, in order.")
     steps = RunStepSerializer(many=True, read_only=True, help_text="A workflow run's steps, in the order they started.")
     replays = ReplaySummarySerializer(many=True, read_only=True)
     replay_decision = serializers.SerializerMethodField()
@@ -335,7 +349,7 @@ class RunDetailSerializer(RunSerializer):
 
     class Meta(RunSerializer.Meta):
         fields = RunSerializer.Meta.fields + ["tool_calls", "steps", "replays", "replay_decision"]
-        fields += ["resumes", "resume_decision"]
+        fields += ["resumes", "resume_decision", "model_retries"]
         read_only_fields = fields
 
     @extend_schema_field(ReplayDecisionSerializer)
