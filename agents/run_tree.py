@@ -42,13 +42,15 @@ def run_scripts(spec: AgentSpec, params: dict) -> dict[str, list]:
     """The script each LlmAgent of the tree plays in this run, by agent name.
 
     An agent plays the run's script for it (`params.script` for the root, `params.scripts` by
-    name), else the package's default for it, else nothing (it then answers that it has nothing
+    name), else the package's default for it (with SCRIPTED_DEFAULT_SCRIPTS), else nothing (it then answers that it has nothing
     more to add).
     """
-    scripts: dict[str, list] = {name: list(steps) for name, steps in spec.default_scripts.items()}
     root_name = spec.root.name if spec.root is not None else spec.name
-    if spec.default_script:
-        scripts.setdefault(root_name, list(spec.default_script))
+    scripts: dict[str, list] = {}
+    if settings.SCRIPTED_DEFAULT_SCRIPTS:  # the demo's scripts: off in production unless asked for
+        scripts.update({name: list(steps) for name, steps in spec.default_scripts.items()})
+        if spec.default_script:
+            scripts.setdefault(root_name, list(spec.default_script))
     for name, steps in (params.get("scripts") or {}).items():
         scripts[name] = list(steps)
     if params.get("script"):

@@ -310,13 +310,24 @@ AGENT_TOOL_LISTING_TIMEOUT_SECONDS = env_float("AGENT_TOOL_LISTING_TIMEOUT_SECON
 
 GOOGLE_API_KEY = env_str("GOOGLE_API_KEY", "")
 # "scripted" plays each run's script offline; "" (the default with a key) lets every agent keep
-# the model it declares; any other name replaces every agent's model.
-AGENT_MODEL = env_str("AGENT_MODEL", "" if GOOGLE_API_KEY else "scripted")
+# the model it declares; any other name replaces every agent's model. Without a key the offline
+# model is the default only under DEBUG: a production server with neither a key nor an explicit
+# AGENT_MODEL=scripted refuses to start rather than play demo scripts to real owners.
+AGENT_MODEL = env_str("AGENT_MODEL", "" if GOOGLE_API_KEY else ("scripted" if DEBUG else ""))
+if not AGENT_MODEL and not GOOGLE_API_KEY:
+    raise ImproperlyConfigured(
+        "No model is configured: set GOOGLE_API_KEY for real models, or AGENT_MODEL=scripted to run "
+        "the offline scripted model on purpose (it is the default only with DEBUG=true)."
+    )
 if AGENT_MODEL != "scripted" and not GOOGLE_API_KEY:
     raise ImproperlyConfigured(
         f"AGENT_MODEL={AGENT_MODEL!r} needs GOOGLE_API_KEY; unset AGENT_MODEL to use the offline "
         "scripted model."
     )
+# Whether the scripted model plays an agent package's DEFAULT_SCRIPT(S) to a run that brings no
+# script of its own: the demo's, so on only under DEBUG unless set (a run without a script then
+# answers that it has nothing more to add, and calls no tool).
+SCRIPTED_DEFAULT_SCRIPTS = env_bool("SCRIPTED_DEFAULT_SCRIPTS", DEBUG)
 # Scripted tool faults (crash, hang, tool_fails) are for tests and demos: only when set
 # explicitly, and a crash is never honoured in a web process (chat turns run there).
 SCRIPTED_FAULTS_ENABLED = env_bool("SCRIPTED_FAULTS_ENABLED", False)

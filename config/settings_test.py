@@ -8,5 +8,9 @@ processes the tests start (servers, workers, commands) share it.
 import os
 
 os.environ.setdefault("SECRET_KEY", "tests-only-not-a-secret-" + "0" * 40)
+# Production refuses to start without a model; the suite drives agents with the offline one, and
+# its demo scripts, on purpose.
+os.environ.setdefault("AGENT_MODEL", "scripted")
+os.environ.setdefault("SCRIPTED_DEFAULT_SCRIPTS", "true")
 
 from config.settings import *  # noqa: F403 - the real settings, with the key set above

@@ -37,6 +37,7 @@ from google.adk.plugins.base_plugin import BasePlugin
 
 from agents.effects import IDEMPOTENT, KeyArgumentMissing, effect_of_tool, tool_name
 from config.lib.refusals import required_text
+from config.lib.text import hidden_character
 from runs import chain, permissions, reconcile, visibility
 from runs.journal import EFFECTS_METADATA_KEY
 from runs.models import (
@@ -51,6 +52,7 @@ from runs.models import (
 )
 from runs.refusals import (
     CallNotFound,
+    NoteHasHiddenCharacters,
     NoteRequired,
     NoteTooLong,
     NotInDoubt,
@@ -332,7 +334,11 @@ class EffectsPlugin(BasePlugin):
 
 
 def check_note(note: Any) -> str:
-    return required_text(note, limit=MAX_NOTE_CHARS, missing=NoteRequired, too_long=NoteTooLong)
+    text = required_text(note, limit=MAX_NOTE_CHARS, missing=NoteRequired, too_long=NoteTooLong)
+    problem = hidden_character(text)
+    if problem is not None:
+        raise NoteHasHiddenCharacters(problem)
+    return text
 
 
 def owned_record(call: ToolCall) -> ToolEffect | None:

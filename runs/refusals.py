@@ -214,6 +214,16 @@ class NoteTooLong(Refusal):
         super().__init__(f"The note is longer than {limit} characters; say it in fewer words.", limit=limit)
 
 
+class NoteHasHiddenCharacters(Refusal):
+    status = 400
+    code = "note_invalid"
+
+    def __init__(self, problem: str):
+        super().__init__(
+            f"The note contains {problem}; write it in plain text (line breaks and tabs are fine)."
+        )
+
+
 class UnknownOutcome(Refusal):
     status = 400
     code = "unknown_outcome"

@@ -1,7 +1,8 @@
 """Who sees which runs: one rule for every door (API, admin).
 
-Staff and holders of `runs.view_agentrun` see every run; anyone else sees only the runs they
-started. A run someone may not see answers as if it did not exist. Seeing is not acting: who
+Holders of `runs.view_agentrun` (superusers hold every permission) see every run; anyone else,
+staff included, sees only the runs they started: the API reads under the admin's own permission,
+so `is_staff` alone, which the admin answers with 403, reads no one else's runs or events. A run someone may not see answers as if it did not exist. Seeing is not acting: who
 may replay or cancel a run, and whose memories a user may read, is `runs.permissions`.
 """
 
@@ -16,11 +17,11 @@ from runs.refusals import RunNotFound
 
 
 def can_see_every_run(user: Any) -> bool:
-    return bool(getattr(user, "is_staff", False) or (user is not None and user.has_perm("runs.view_agentrun")))
+    return bool(user is not None and getattr(user, "is_active", False) and user.has_perm("runs.view_agentrun"))
 
 
 def visible_runs(user: Any):
-    """Staff and holders of runs.view_agentrun see every run; anyone else only the runs they started."""
+    """Holders of runs.view_agentrun see every run; anyone else only the runs they started."""
     if user is None or not getattr(user, "is_authenticated", False):
         return AgentRun.objects.none()
     if can_see_every_run(user):

@@ -104,7 +104,7 @@ def run_viewer(django_user_model):
 
 @pytest.fixture
 def bare_staff(django_user_model):
-    """Staff without model permissions: sees every run through the API, may act on none but their own."""
+    """Staff without model permissions: sees and acts on only their own runs, in the API as in the admin."""
     return django_user_model.objects.create_user("stan", password="stan-pass-123", is_staff=True)
 
 

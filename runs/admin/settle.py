@@ -36,6 +36,8 @@ def settle_call_view(modeladmin, request, object_id: str, call_id: str):
     run = modeladmin.get_object(request, unquote(object_id))
     if run is None or not modeladmin.has_view_permission(request, run):
         raise Http404("No such run.")
+    # The page quotes the call id as the admin quotes keys: ids are the model's, and may hold a '/'.
+    call_id = unquote(call_id)
     try:
         call: ToolCall = effects.settle_call(
             run_id=run.run_id,

@@ -54,9 +54,15 @@ class RunCursorPagination(CursorPagination):
         given = request.query_params.get(self.page_size_query_param)
         if given is None:
             return self.page_size
-        if not given.isascii() or not given.isdigit() or not 1 <= int(given) <= self.max_page_size:
+        # Length first: int() refuses more than 4300 digits with a ValueError, and the answer
+        # quotes the value, so a huge one is cut short.
+        if (
+            len(given) > len(str(self.max_page_size)) or not given.isascii() or not given.isdigit()
+            or not 1 <= int(given) <= self.max_page_size
+        ):
+            shown = given if len(given) <= 20 else f"{given[:20]}… ({len(given)} characters)"
             raise ValidationError({self.page_size_query_param: [
-                f"{given!r} is not a whole number from 1 to {self.max_page_size}."
+                f"{shown!r} is not a whole number from 1 to {self.max_page_size}."
             ]})
         return int(given)
 
@@ -291,7 +297,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                            request_only=True),
         ],
     )
-    @action(detail=True, methods=["post"], url_path=r"calls/(?P<call_id>[^/]+)/settle", url_name="settle-call")
+    @action(detail=True, methods=["post"], url_path=r"calls/(?P<call_id>.+)/settle", url_name="settle-call")
     def settle(self, request, run_id=None, call_id=None):
         serializer = SettleRequestSerializer(data=request.data, context=self.get_serializer_context())
         serializer.is_valid(raise_exception=True)

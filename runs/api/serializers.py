@@ -24,8 +24,10 @@ from runs import replay as rules
 from runs import resume
 from runs.effects import MAX_NOTE_CHARS
 from runs.models import AgentRun, EffectsChoice, RunStep, SettledOutcome, ToolCall
+from runs.public_text import public_error_message, public_step_error
 from runs.refusals import REPLAY_REFUSAL_ORDER, RESUME_REFUSAL_ORDER
 from runs.services import MAX_FORCE_REASON_CHARS, MAX_OWNER_ID_CHARS
+from runs.visibility import can_see_every_run
 
 # A schema no value satisfies: a choice among no names.
 NOTHING = {"not": {}}
@@ -210,6 +212,12 @@ class RunSerializer(serializers.ModelSerializer):
     replay_of = serializers.UUIDField(source="replay_of_id", read_only=True, allow_null=True)
     resume_of = serializers.UUIDField(source="resume_of_id", read_only=True, allow_null=True,
                                       help_text="The run this one continues in its session (a resume).")
+    error_message = serializers.SerializerMethodField(
+        help_text="What went wrong, in words; an exception's own text stays on the run's page in the admin."
+    )
+    worker = serializers.SerializerMethodField(
+        help_text="The worker process that holds or held the run: shown to holders of runs.view_agentrun only."
+    )
 
     class Meta:
         model = AgentRun
@@ -224,6 +232,13 @@ class RunSerializer(serializers.ModelSerializer):
             "resume_of", "agent_fingerprint",
         ]
         read_only_fields = fields
+
+    def get_error_message(self, run: AgentRun) -> str:
+        return public_error_message(error_code=run.error_code, error_message=run.error_message, worker=run.worker)
+
+    def get_worker(self, run: AgentRun) -> str:
+        request = self.context.get("request")
+        return run.worker if request is not None and can_see_every_run(request.user) else ""
 
 
 class ToolCallSerializer(serializers.ModelSerializer):
@@ -317,6 +332,11 @@ class ResumeDecisionSerializer(serializers.Serializer):
 
 class RunStepSerializer(serializers.ModelSerializer):
     """One workflow step: started at step_start, settled at step_complete or step_error."""
+
+    error = serializers.SerializerMethodField(help_text="Why the step did not complete; empty if it did.")
+
+    def get_error(self, step: RunStep) -> str:
+        return public_step_error(step.error)
 
     class Meta:
         model = RunStep

@@ -31,6 +31,7 @@ from config.lib.refusals import Refusal
 from config.lib.user_params import scripts_refusal
 from runs import executor, outcomes, permissions, services
 from runs.models import IN_FLIGHT, AgentRun, Conversation, Trigger
+from runs.public_text import public_error_message
 
 logger = logging.getLogger(__name__)
 
@@ -224,7 +225,9 @@ def outcome_payload(run: AgentRun) -> dict:
         "session_id": run.session_id,
         "status": run.status,
         "error_code": run.error_code,
-        "error_message": run.error_message,
+        "error_message": public_error_message(
+            error_code=run.error_code, error_message=run.error_message, worker=run.worker
+        ),
         "result": run.result,
         "tools_executed": run.tools_executed,
         "model_retries": run.model_retries,
