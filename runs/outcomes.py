@@ -116,7 +116,8 @@ def empty_turn_message(retries: RetryLog) -> str:
     )
 
 
-# Why a run was aborted (`RunControl.abort`), besides the heartbeat's cancel request and time limit.
+# Why a run was aborted (`RunControl.abort`): the heartbeat's cancel request and time limit
+# (`runs.heartbeat` says these two), a chat client gone, the worker's drain.
 CANCEL_REQUESTED = "cancel_requested"
 TIMEOUT = "timeout"
 CLIENT_DISCONNECTED = "client_disconnected"
