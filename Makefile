@@ -29,6 +29,11 @@ run: install
 test: install
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+# The inner loop: everything but the tests marked slow (child processes, servers, the browser,
+# the fuzzer). `make test` still runs all of them.
+test-fast: install
+	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
+
 # The fast, strict checks CI runs before the suite: style, migrations, the import contract.
 check: install
 	$(VENV)/bin/ruff check .
