@@ -26,7 +26,8 @@ from runs.models import AgentRun, WebhookEvent, WebhookSource
 from tests.factories import make_run
 from tests.helpers import SAY_DONE, SEND_EMAIL, api_as
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Everything here is refused or answered in the request: nothing crosses to another connection.
+pytestmark = pytest.mark.django_db
 
 SECRET = "correct-horse-battery-staple-42"
 WEBHOOK_URL = "/api/webhooks/inbound-email/"

@@ -21,7 +21,10 @@ from runs.models import AgentRun, EventStatus, SignatureScheme, WebhookEvent, We
 from tests.helpers import LOOKUP, SAY_DONE, read_settings
 from tests.test_webhook_desk import source_form
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
+
+# The event is processed by a run on the agent loop: its thread and ADK's engine read what the test committed.
+processed_by_a_run = pytest.mark.django_db(transaction=True)
 
 SECRET = "correct-horse-battery-staple-42"
 OLD_SECRET = "the-secret-being-rotated-out-7"
@@ -97,6 +100,7 @@ def nothing_stored() -> None:
 # --- The replay finding -----------------------------------------------------------------------------
 
 
+@processed_by_a_run
 def test_a_timestamped_delivery_resent_under_a_new_header_id_is_refused_and_starts_nothing(by_header, enqueued):
     body = event_body()
     signature = signing.sign_timestamped(SECRET, body, message_id="msg-1")
@@ -121,6 +125,7 @@ def test_a_timestamped_delivery_resent_under_a_new_header_id_is_refused_and_star
     assert (WebhookEvent.objects.count(), AgentRun.objects.count()) == (1, 1)
 
 
+@processed_by_a_run
 def test_a_timestamped_delivery_whose_body_field_id_is_changed_is_refused(by_field, enqueued):
     body = event_body("msg-1")
     signature = signing.sign_timestamped(SECRET, body, message_id="msg-1")
@@ -135,6 +140,7 @@ def test_a_timestamped_delivery_whose_body_field_id_is_changed_is_refused(by_fie
     assert (WebhookEvent.objects.count(), AgentRun.objects.count()) == (1, 1)
 
 
+@processed_by_a_run
 def test_a_body_signed_delivery_cannot_be_resent_under_a_new_id(body_only, enqueued):
     body = event_body("msg-1")
     signature = signing.sign_body(SECRET, body)
@@ -157,6 +163,7 @@ def test_a_body_signed_delivery_cannot_be_resent_under_a_new_id(body_only, enque
 # --- The timestamped scheme -------------------------------------------------------------------------
 
 
+@processed_by_a_run
 def test_a_timestamped_delivery_is_accepted_and_processed_by_a_run(by_header, enqueued):
     body = event_body()
     response = post(HEADER_URL, body, signing.sign_timestamped(SECRET, body, message_id="m-7"),
@@ -177,6 +184,7 @@ def test_a_body_field_id_is_signed_as_the_inbox_reads_it(by_field, enqueued):
     assert WebhookEvent.objects.get().external_id == "981"
 
 
+@processed_by_a_run
 @pytest.mark.parametrize(
     "offset, accepted, direction",
     [
@@ -373,6 +381,7 @@ def test_the_admin_shows_and_validates_the_scheme(admin_client):
 # --- Upgrading --------------------------------------------------------------------------------------
 
 
+@pytest.mark.django_db(transaction=True)  # migrating back and forth changes the schema: no test transaction around it
 def test_the_migration_keeps_body_field_sources_on_body_and_moves_header_sources_to_timestamped():
     before, after = [("runs", "0009_owner_rule")], [("runs", "0010_webhook_signature_scheme")]
     executor = MigrationExecutor(connection)
