@@ -29,6 +29,11 @@ run: install
 test: install
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+# The inner loop: everything but the tests marked slow (child processes, servers, the browser,
+# the fuzzer). `make test` still runs all of them.
+test-fast: install
+	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
+
 # The fast, strict checks CI runs before the suite: style, migrations, the import contract.
 check: install
 	$(VENV)/bin/ruff check .
@@ -89,7 +94,7 @@ bench-smoke: $(VENV)/.bench-installed
 	$(PY) bench/replay_load.py --runs 20 --clients 2 --seconds 2 --workers 1
 	$(PY) bench/reconcile_sweep.py --runs 3500
 	$(PY) bench/purge_events.py --events 10000
-	$(PY) bench/memory_search.py --rows 2000 --owners 20 --queries 10 --vocabulary 200 --heavy 200
+	$(PY) bench/memory_search.py --rows 2000 --owners 20 --queries 30 --vocabulary 200 --heavy 200
 	$(PY) bench/admin_changelist.py --runs 1000 --repeat 1
 	$(PY) bench/desk_overview.py --runs 1000 --repeat 1
 	$(PY) bench/diet_request_size.py

@@ -53,16 +53,18 @@ def conversation(images: list[bytes]) -> list[int]:
 
 def main() -> None:
     with bench_database("diet"):
-        from agents import registry
+        from agents import diet
 
         images = [b"\xff\xd8\xff\xe0" + os.urandom(IMAGE_BYTES - 4) for _ in range(TURNS)]
         with_diet = conversation(images)
-        kept = registry.COMMON_BEFORE_MODEL_CALLBACKS
-        registry.COMMON_BEFORE_MODEL_CALLBACKS = ()
+        # Each run's tree puts diet.strip_old_payloads first (agents/run_tree.py): a callback that
+        # leaves the request as it is stands for no diet.
+        kept = diet.strip_old_payloads
+        diet.strip_old_payloads = lambda callback_context, llm_request: None
         try:
             without_diet = conversation(images)
         finally:
-            registry.COMMON_BEFORE_MODEL_CALLBACKS = kept
+            diet.strip_old_payloads = kept
 
         print(f"\nrequest contents sent to the model, {TURNS} turns each with a {IMAGE_BYTES // 1024} KB image")
         print(f"  {'turn':>4} {'with diet':>14} {'without diet':>14}")

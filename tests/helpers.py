@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
+from unittest import mock
 
 import httpx
 import pytest
 from django.conf import settings as django_settings
 from django.db import connection
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
 
 from runs import executor, services
 
@@ -56,6 +61,20 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def read_settings(*, drop: tuple[str, ...] = (), **env: str) -> types.ModuleType:
+    """config/settings.py executed afresh in this process, with a child's environment plus `env`
+    and without `drop`: what a process started that way would read, or the ImproperlyConfigured
+    it would stop with. Starting a process costs seconds; importing the settings, milliseconds."""
+    environment = child_env(**env)
+    for name in drop:
+        environment.pop(name, None)
+    spec = importlib.util.spec_from_file_location("config._settings_read_by_test", BASE_DIR / "config" / "settings.py")
+    module = importlib.util.module_from_spec(spec)
+    with mock.patch.dict(os.environ, environment, clear=True):
+        spec.loader.exec_module(module)
+    return module
+
+
 def run_manage(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "manage.py", *args],
@@ -77,6 +96,14 @@ def run_python(code: str, timeout: float = 120, **env: str) -> subprocess.Comple
         text=True,
         timeout=timeout,
     )
+
+
+def api_as(user) -> APIClient:
+    """An API client calling as `user` with their DRF token, as an internal tool does."""
+    client = APIClient()
+    token, _ = Token.objects.get_or_create(user=user)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return client
 
 
 def run_now(**kwargs):
@@ -126,6 +153,17 @@ def forget_agent_packages(directory: Path, names) -> None:
     resolved = str(Path(directory).resolve())
     while resolved in sys.path:
         sys.path.remove(resolved)
+
+
+def wait_until(predicate, *, timeout: float = 30, what: str = "the condition", step: float = 0.1):
+    """Poll `predicate` until it returns something truthy (returned) or fail after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(step)
 
 
 def wait_until_serving(url: str, process, log_path, *, timeout: float = 60) -> None:

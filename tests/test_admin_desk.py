@@ -10,19 +10,15 @@ from django.contrib.admin.models import LogEntry
 from django.test import Client
 from django.urls import reverse
 
-from runs import lifecycle, services
+from runs import services
 from runs.models import AgentRun, RunStatus
 from tests.factories import ADMIN_HINT, API_HINT, TABLE, make_run, run_in_state
 from tests.helpers import SEND_EMAIL, UPDATE_CRM, run_now, script_params
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_worker")]
 
 CHANGELIST = "/admin/runs/agentrun/"
 
-
-@pytest.fixture(autouse=True)
-def _no_worker(monkeypatch):
-    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
 
 
 def login(user) -> Client:

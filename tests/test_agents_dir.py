@@ -8,7 +8,6 @@ import pytest
 from django.core.management import call_command
 from google.adk.agents import LlmAgent
 from google.adk.tools.agent_tool import AgentTool
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from agents import diet, loading, registry, services
@@ -17,7 +16,7 @@ from agents.retrying import RetryingLlm
 from agents.scripted import ScriptedLlm
 from runs.inbox.sources import source_errors
 from runs.models import AgentRun, RunStatus, ToolCall, ToolCallStatus, WebhookSource
-from tests.helpers import EMAIL_ARGS, SAY_DONE, package_source, run_now
+from tests.helpers import EMAIL_ARGS, SAY_DONE, api_as, package_source, run_now
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -40,12 +39,6 @@ DESK_SCRIPTS = {
     "ledger_check": [LOOKUP_A1, {"say": "Delivered, 42."}],
 }
 
-
-def api_client(user) -> APIClient:
-    client = APIClient()
-    token, _ = Token.objects.get_or_create(user=user)
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
-    return client
 
 
 @pytest.fixture
@@ -95,7 +88,7 @@ def test_a_package_with_a_syntax_error_is_listed_with_its_error_and_the_others_r
     assert "broken" not in registry.runnable_agents()
     assert any("broken" in record.getMessage() and "SyntaxError" in record.getMessage() for record in caplog.records)
 
-    client = api_client(alice)
+    client = api_as(alice)
     listed = {agent["name"]: agent for agent in client.get("/api/agents/").json()}
     assert "SyntaxError" in listed["broken"]["load_error"]
     assert listed["desk"]["load_error"] == ""
@@ -242,7 +235,7 @@ def test_two_concurrent_runs_of_one_agent_play_their_own_scripts(agents_dir):
     ],
 )
 def test_bad_scripts_are_refused_with_400_naming_the_agent_and_the_step(desk, alice, params, words):
-    response = api_client(alice).post(
+    response = api_as(alice).post(
         "/api/runs/", {"agent": "desk", "message": "hi", "owner_id": "jane", "params": params}, format="json"
     )
     assert response.status_code == 400, response.json()
@@ -251,7 +244,7 @@ def test_bad_scripts_are_refused_with_400_naming_the_agent_and_the_step(desk, al
 
 
 def test_a_good_script_for_a_sub_agent_is_accepted(desk, alice):
-    response = api_client(alice).post(
+    response = api_as(alice).post(
         "/api/runs/", {"agent": "desk", "message": "hi", "owner_id": "jane", "params": {"scripts": DESK_SCRIPTS}}, format="json"
     )
     assert response.status_code == 202, response.json()
@@ -261,7 +254,7 @@ def test_a_good_script_for_a_sub_agent_is_accepted(desk, alice):
 
 
 def test_the_api_lists_loaded_agents_with_their_tree(desk, alice):
-    client = api_client(alice)
+    client = api_as(alice)
     listed = client.get("/api/agents/")
     assert listed.status_code == 200
     assert [agent["name"] for agent in listed.json()] == ["billing", "desk", "support", "triage"]

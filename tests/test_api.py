@@ -13,7 +13,7 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from runs import lifecycle, services
+from runs import services
 from runs.models import AgentRun, RunStatus
 from tests.factories import (
     ADMIN_HINT,
@@ -24,32 +24,21 @@ from tests.factories import (
     make_run,
     run_in_state,
 )
-from tests.helpers import SAY_DONE, SEND_EMAIL, UPDATE_CRM, run_now, script_params
+from tests.helpers import SAY_DONE, SEND_EMAIL, UPDATE_CRM, api_as, run_now, script_params
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_worker")]
 
-
-def client_for(user) -> APIClient:
-    client = APIClient()
-    token, _ = Token.objects.get_or_create(user=user)
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
-    return client
 
 
 @pytest.fixture
 def as_alice(alice):
-    return client_for(alice)
+    return api_as(alice)
 
 
 @pytest.fixture
 def as_lead(support_lead):
-    return client_for(support_lead)
+    return api_as(support_lead)
 
-
-@pytest.fixture(autouse=True)
-def _no_worker(monkeypatch):
-    """No worker runs here: keep enqueued runs out of the broker table."""
-    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
 
 
 def assert_error(response, status: int, code: str) -> dict:
@@ -394,7 +383,7 @@ def test_every_row_of_the_replay_table_through_the_api(as_lead, state, code, sta
 def test_force_without_the_permission_is_403(alice):
     run = make_run(created_by=alice, tools=["send_email"])
     body = assert_error(
-        client_for(alice).post(f"/api/runs/{run.run_id}/replay/", {"force": True, "reason": "x"}, format="json"),
+        api_as(alice).post(f"/api/runs/{run.run_id}/replay/", {"force": True, "reason": "x"}, format="json"),
         403,
         "force_not_permitted",
     )

@@ -5,27 +5,18 @@ from __future__ import annotations
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from drf_spectacular.generators import SchemaGenerator
-from rest_framework.authtoken.models import Token
-from rest_framework.test import APIClient
 
-from runs import lifecycle
 from runs.models import AgentRun, ToolCall
 from tests.factories import make_run, with_journal
+from tests.helpers import api_as
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_worker")]
 
-
-@pytest.fixture(autouse=True)
-def _no_worker(monkeypatch):
-    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
 
 
 @pytest.fixture
 def api(django_user_model):
-    user = django_user_model.objects.create_superuser("root", password="root-pass-123")
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
-    return client
+    return api_as(django_user_model.objects.create_superuser("root", password="root-pass-123"))
 
 
 @pytest.fixture

@@ -2,7 +2,8 @@
 
 The schema is loaded from `/api/schema/` and every operation is called in-process through the
 WSGI app, on the test database, as a superuser with a DRF token. Generation is derandomized and
-bounded, so a run is repeatable and takes a minute or two.
+bounded, so a run is repeatable. The full budget (12 examples an operation, a minute or two) is
+spent once per CI run, on PostgreSQL; on SQLite every operation is still called, with 2.
 
 Three formats of the schema name rules no JSON Schema keyword can state, and the fuzzer is told
 what they mean here: `printable` (not blank, no character of Unicode's category C), `cursor`
@@ -28,7 +29,7 @@ import pytest
 import schemathesis
 from django.core import signals
 from django.core.wsgi import get_wsgi_application
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from rest_framework.authtoken.models import Token
@@ -40,11 +41,16 @@ from memory import services as memory_services
 from runs.models import AgentRun, RunStatus
 from tests.factories import make_run, with_journal
 
+# A minute or two of generated requests: not for the inner loop.
+pytestmark = pytest.mark.slow
+
 load_all_checks()
 # Every check schemathesis has, by name: no server errors, response schema, status codes, content
 # types and headers, negative data rejected, positive data accepted, missing headers, methods,
 # Allow headers, auth, resources.
 ALL_CHECKS = [CHECKS.get_one(name) for name in CHECKS.get_all_names()]
+
+EXAMPLES_PER_OPERATION = 12 if connection.vendor == "postgresql" else 2
 
 SEEDED_RUN_IDS = [uuid.UUID(int=n) for n in (0x5EED1, 0x5EED2, 0x5EED3)]
 
@@ -185,7 +191,7 @@ schema = schemathesis.pytest.from_fixture("api_schema").exclude(path="/api/chat/
 
 @schema.parametrize()
 @settings(
-    max_examples=12, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    max_examples=EXAMPLES_PER_OPERATION, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck)
 )
 def test_every_operation_answers_as_its_schema_says(case, superuser_token, seeded):
     if case.meta is not None and case.meta.generation.mode.is_positive and "run_id" in (case.path_parameters or {}):

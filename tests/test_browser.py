@@ -40,6 +40,7 @@ CHROMIUM_ARGS = [
 DOCS_SCREENSHOT = Path(settings.BASE_DIR) / "docs" / "force-replay-confirmation.png"
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.browser,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"Chromium is not installed at {CHROMIUM}"),

@@ -7,7 +7,6 @@ import json
 import socket
 import subprocess
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -22,7 +21,16 @@ from runs import executor, services
 from runs.chat import turns as chat
 from runs.management.commands.serve import web_command
 from runs.models import AgentRun, Conversation, RunStatus, ToolCallStatus, Trigger
-from tests.helpers import BASE_DIR, LOOKUP, SAY_DONE, SEND_EMAIL, child_env, script_params, wait_until_serving
+from tests.helpers import (
+    BASE_DIR,
+    LOOKUP,
+    SAY_DONE,
+    SEND_EMAIL,
+    child_env,
+    script_params,
+    wait_until,
+    wait_until_serving,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -105,13 +113,11 @@ def _turn(server: str, token: str, **body) -> tuple[httpx.Response, list[tuple[s
 
 
 def _wait_settled(run_id: str, timeout: float = 20) -> AgentRun:
-    deadline = time.monotonic() + timeout
-    while True:
+    def settled() -> AgentRun | None:
         run = AgentRun.objects.get(pk=run_id)
-        if not run.is_in_flight:
-            return run
-        assert time.monotonic() < deadline, f"run {run_id} is still {run.status}"
-        time.sleep(0.1)
+        return None if run.is_in_flight else run
+
+    return wait_until(settled, timeout=timeout, what=f"run {run_id} to settle")
 
 
 def _session_user_messages(session_id: str) -> list[str]:
@@ -122,6 +128,7 @@ def _session_user_messages(session_id: str) -> list[str]:
 # --- Streaming --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_chat_turn_streams_its_events_then_its_outcome(server, alice, alice_token):
     response, frames = _turn(
         server, alice_token, message="Email Jane about her refund.", params=script_params(SEND_EMAIL, SAY_DONE)
@@ -157,6 +164,7 @@ def test_a_chat_turn_streams_its_events_then_its_outcome(server, alice, alice_to
     assert OutboxEmail.objects.filter(run_id=run.run_id).count() == 1
 
 
+@pytest.mark.slow
 def test_a_conversation_keeps_one_session_and_each_turn_counts_its_own_tools(server, alice_token):
     _, first = _turn(
         server,
@@ -187,6 +195,7 @@ def test_a_conversation_keeps_one_session_and_each_turn_counts_its_own_tools(ser
     assert OutboxEmail.objects.count() == 1
 
 
+@pytest.mark.slow
 def test_a_client_that_disconnects_cancels_its_run_and_the_server_keeps_serving(server, alice_token):
     with httpx.Client(timeout=30) as client:
         with client.stream(
@@ -245,6 +254,7 @@ def test_a_client_that_disconnects_cancels_its_run_and_the_server_keeps_serving(
     assert OutboxEmail.objects.count() == 1
 
 
+@pytest.mark.slow
 def test_session_authentication_needs_the_csrf_token(server, client, alice):
     client.force_login(alice)
     session_cookie = client.cookies["sessionid"].value
@@ -264,6 +274,7 @@ def test_session_authentication_needs_the_csrf_token(server, client, alice):
     assert AgentRun.objects.get(pk=frames[-1][1]["run_id"]).created_by == alice
 
 
+@pytest.mark.slow
 def test_bad_input_over_http_is_refused_before_any_stream(server, alice_token):
     response, frames = _turn(server, alice_token, agent="nobody", message="Hello")
     assert response.status_code == 400

@@ -12,7 +12,8 @@ from runs.models import AgentRun, RunStatus, ToolCallStatus
 from runs.tasks import execute_run
 from tests.helpers import EMAIL_ARGS, LOOKUP, SAY_DONE, SEND_EMAIL, run_manage, run_now, run_python, script_params
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Killed and restarted processes read what the test committed, and the test reads theirs.
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 def _start_in_child(script: list, *, expect_signal: int | None = None) -> AgentRun:

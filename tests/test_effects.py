@@ -123,6 +123,7 @@ def test_mcp_hints_count_only_for_a_trusted_server():
     assert (trusted_upsert.kind, trusted_upsert.keyed) == (IDEMPOTENT, False)
 
 
+@pytest.mark.slow
 def test_declaring_effects_needs_no_django():
     code = (
         "import sys; import agents.effects as e; "
@@ -396,6 +397,7 @@ def test_permission_names_exist_for_the_settle_door():
 # --- Concurrency (PostgreSQL, real processes) -------------------------------------------------------------
 
 
+@pytest.mark.slow
 @postgres_only
 @db
 def test_concurrent_forced_replays_of_one_intent_send_one_email(support_lead):

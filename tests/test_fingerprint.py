@@ -65,6 +65,7 @@ def test_the_description_names_no_object_ids():
     assert " at 0x" not in description and "send_email" in description and "idempotent" in description
 
 
+@pytest.mark.slow
 def test_two_processes_agree_on_the_fingerprint():
     here = registry.fingerprint(registry.get_agent_spec("support"))
     child = run_python("from agents import registry\nprint(registry.fingerprint(registry.get_agent_spec('support')))")

@@ -19,14 +19,15 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from config.lib import safe_json
-from runs import lifecycle, services
+from runs import services
 from runs.inbox import receipt as inbox_receipt
 from runs.inbox import signing
 from runs.models import AgentRun, WebhookEvent, WebhookSource
 from tests.factories import make_run
-from tests.helpers import SAY_DONE, SEND_EMAIL
+from tests.helpers import SAY_DONE, SEND_EMAIL, api_as
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Everything here is refused or answered in the request: nothing crosses to another connection.
+pytestmark = pytest.mark.django_db
 
 SECRET = "correct-horse-battery-staple-42"
 WEBHOOK_URL = "/api/webhooks/inbound-email/"
@@ -35,8 +36,7 @@ DEEP = "[" * 50_000 + "]" * 50_000
 
 
 @pytest.fixture(autouse=True)
-def _no_worker(monkeypatch, settings, tmp_path):
-    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
+def _no_worker(no_worker, monkeypatch, settings, tmp_path):
     monkeypatch.setattr(inbox_receipt, "enqueue_event", lambda event_id: None)
     settings.WEBHOOK_ATTACHMENTS_DIR = tmp_path / "webhook-attachments"
 
@@ -47,10 +47,8 @@ def token(alice) -> str:
 
 
 @pytest.fixture
-def api(token) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
-    return client
+def api(token, alice) -> APIClient:
+    return api_as(alice)  # with the token above
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from django.test import Client
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from runs import lifecycle, services
+from runs import services
 from runs.management.commands.serve import web_command
 from runs.models import AgentRun, RunStatus, Trigger
 from tests.factories import make_run
@@ -180,6 +180,7 @@ def _declared(port: int, path: str, *, length: int, headers: str = "") -> tuple[
 # --- Bodies refused before they are read --------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_declared_gigabyte_to_an_unknown_webhook_is_refused_without_reading_it(server, spool_dir):
     with SpoolWatch(server, spool_dir) as watch:
         status, body, seconds = _declared(server.port, "/api/webhooks/nonexistent/", length=1024**3)
@@ -190,6 +191,7 @@ def test_a_declared_gigabyte_to_an_unknown_webhook_is_refused_without_reading_it
     assert watch.peak == 0
 
 
+@pytest.mark.slow
 def test_a_chunked_body_to_a_webhook_is_cut_off_past_the_limit(server, spool_dir):
     with SpoolWatch(server, spool_dir) as watch:
         status, body, sent = _stream_chunked(server.port, "/api/webhooks/nonexistent/", total=256 * 1024 * 1024)
@@ -201,6 +203,7 @@ def test_a_chunked_body_to_a_webhook_is_cut_off_past_the_limit(server, spool_dir
     assert watch.peak < 1024 * 1024, watch.peak  # nothing spooled to the temp directory
 
 
+@pytest.mark.slow
 def test_an_anonymous_upload_of_200_megabytes_is_refused_before_authentication(server, spool_dir):
     multipart = "Content-Type: multipart/form-data; boundary=x\r\n"
     status, body, seconds = _declared(server.port, "/api/runs/", length=200 * 1024 * 1024, headers=multipart)
@@ -215,12 +218,14 @@ def test_an_anonymous_upload_of_200_megabytes_is_refused_before_authentication(s
     assert watch.peak < 1024 * 1024
 
 
+@pytest.mark.slow
 def test_a_chunked_chat_turn_over_the_limit_is_refused(server):
     status, body, sent = _stream_chunked(server.port, "/api/chat/", total=64 * 1024 * 1024)
     assert (status, body["code"]) == (413, "request_too_large")
     assert sent < 16 * 1024 * 1024
 
 
+@pytest.mark.slow
 def test_a_body_within_the_limit_still_reaches_the_app(server):
     status, _body, _sent = _stream_chunked(server.port, "/api/runs/", total=2 * 65536)
     assert status == 413  # two chunks of 64 KiB are over a 64 KiB limit
@@ -252,10 +257,6 @@ def as_alice(alice_token) -> APIClient:
     client.credentials(HTTP_AUTHORIZATION=f"Token {alice_token}")
     return client
 
-
-@pytest.fixture
-def no_worker(monkeypatch):
-    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
 
 
 def _rates(settings, **rates) -> None:
@@ -367,6 +368,7 @@ def test_a_good_admin_login_still_works_with_axes_enabled(django_user_model, set
 # --- Faults and scripts --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_faults_are_off_unless_set_explicitly_even_under_debug():
     result = run_python(
         "from django.conf import settings; print(settings.SCRIPTED_FAULTS_ENABLED)",
@@ -388,6 +390,7 @@ def test_a_chat_turn_with_a_crash_fault_is_refused(alice_token):
     assert AgentRun.objects.count() == 0
 
 
+@pytest.mark.slow
 def test_a_crash_fault_never_kills_a_web_process():
     code = (
         "import asyncio\n"
@@ -403,6 +406,7 @@ def test_a_crash_fault_never_kills_a_web_process():
     assert "still here" in result.stdout
 
 
+@pytest.mark.slow
 def test_the_live_web_server_survives_a_chat_turn_that_asks_for_a_crash(server, alice_token):
     crash = dict(SEND_EMAIL, crash="before_effect")
     response = httpx.post(

@@ -9,6 +9,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.urls import reverse
@@ -28,7 +29,7 @@ from memory.adk import memory_service
 from memory.models import MemoryEntry, ScopeRequired
 from runs import lifecycle
 from runs.models import AgentRun, RunStatus
-from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, postgres_only, run_now, run_python, script_params
+from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, postgres_only, read_settings, run_now, run_python, script_params
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -424,6 +425,7 @@ def test_delete_memory_removes_one_memory_of_its_scope_only():
     assert other_id and search("support", "alice", "lives") == []
 
 
+@pytest.mark.slow
 def test_memory_survives_a_restart():
     run_now(owner_id="alice", message="My dog is called Biscuit.", params=script_params(SAY_DONE))
     code = """
@@ -482,9 +484,8 @@ def test_retention_prunes_only_old_memories_and_only_when_configured(settings):
 
 
 def test_a_bad_retention_setting_stops_start_up():
-    child = run_python("", MEMORY_RETENTION_DAYS="0")
-    assert child.returncode != 0
-    assert "MEMORY_RETENTION_DAYS=0 is too small" in child.stderr
+    with pytest.raises(ImproperlyConfigured, match="MEMORY_RETENTION_DAYS=0 is too small"):
+        read_settings(MEMORY_RETENTION_DAYS="0")
 
 
 # --- Relevance ---------------------------------------------------------------------------------------------

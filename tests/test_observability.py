@@ -79,6 +79,7 @@ def test_log_records_carry_the_run_id_and_json_lines_the_trace_ids(exported):
     assert inside["message"] == "during" and inside["level"] == "WARNING" and inside["logger"] == "runs.test"
 
 
+@pytest.mark.slow
 def test_log_format_json_makes_every_line_json_with_the_run_id():
     result = run_python(
         "import logging\n"
@@ -111,6 +112,7 @@ class OtlpReceiver(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.slow
 def test_spans_go_over_otlp_http_when_the_endpoint_is_set(tmp_path):
     """A child process configured only by the environment: Django's request and a run, exported."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), OtlpReceiver)

@@ -30,6 +30,7 @@ from tests.helpers import (
     run_manage,
     run_now,
     script_params,
+    wait_until,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -416,16 +417,8 @@ def test_admin_page_shows_a_late_outcome_beside_the_reconciliation(settings, sup
 # --- Real processes ---------------------------------------------------------------------------------
 
 
-def _wait_until(predicate, *, timeout: float, step: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError("timed out waiting")
 
-
+@pytest.mark.slow
 @postgres_only
 def test_a_worker_killed_mid_run_is_reconciled_within_the_stale_window(settings):
     settings.RUN_STALE_AFTER_SECONDS = 3
@@ -479,6 +472,7 @@ for run in reconcile.reconcile_stale_runs():
 """
 
 
+@pytest.mark.slow
 @postgres_only
 def test_four_reconcilers_at_once_land_each_run_exactly_once(settings):
     long_ago = timezone.now() - timedelta(minutes=10)
@@ -508,10 +502,10 @@ def test_four_reconcilers_at_once_land_each_run_exactly_once(settings):
     )
     try:
         running = lambda owner: AgentRun.objects.filter(owner_id=owner, status=RunStatus.RUNNING).first()  # noqa: E731
-        live_run = _wait_until(lambda: running("live-worker"), timeout=60)
-        slow_run = _wait_until(lambda: running("slow-worker"), timeout=60)
+        live_run = wait_until(lambda: running("live-worker"), timeout=60)
+        slow_run = wait_until(lambda: running("slow-worker"), timeout=60)
         # The slow run is journaled (send_email called) before it hangs in the tool.
-        _wait_until(lambda: ToolCall.objects.filter(run=slow_run).exists(), timeout=30)
+        wait_until(lambda: ToolCall.objects.filter(run=slow_run).exists(), timeout=30)
 
         start_at = time.time() + 4
         reconcilers = [

@@ -26,7 +26,8 @@ from runs.tasks import execute_run
 from tests.helpers import EMAIL_ARGS, UPDATE_CRM, postgres_only, run_python
 from tests.test_crash_matrix import POINTS, _crash_child, _past_the_stale_window
 
-pytestmark = [postgres_only, pytest.mark.django_db(transaction=True)]
+# A worker process killed with SIGKILL must see the test's rows, and the test its commits.
+pytestmark = [pytest.mark.slow, postgres_only, pytest.mark.django_db(transaction=True)]
 
 SEND_EMAIL = {"call": "send_email", "args": EMAIL_ARGS}
 ANSWER = {"say": "Emailed Jane and noted it in the CRM."}

@@ -208,6 +208,7 @@ def test_the_admin_refuses_a_bad_schedule_with_the_reason(admin_client, fields, 
 # --- Concurrent schedulers (real processes on PostgreSQL) -------------------------------------------
 
 
+@pytest.mark.slow
 @postgres_only
 def test_two_schedulers_at_once_fire_each_slot_once():
     schedules = [make_schedule(name=f"s{i}") for i in range(5)]

@@ -382,6 +382,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.slow
 @postgres_only
 @pytest.mark.postgres
 def test_two_processes_appending_to_one_revision_exactly_one_wins(store, app):

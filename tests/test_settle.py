@@ -78,6 +78,7 @@ def url(run: AgentRun, call_id: str) -> str:
 # --- The API ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_settling_needs_the_permission_and_a_note(support_lead, settler):
     run = killed_inside_the_tool("after_effect")
     call = run.tool_calls.get()
@@ -96,6 +97,7 @@ def test_settling_needs_the_permission_and_a_note(support_lead, settler):
     assert call.settled_outcome == "" and call.in_doubt
 
 
+@pytest.mark.slow
 def test_settled_done_is_recorded_and_a_forced_replay_reuses_it(settler, support_lead):
     run = killed_inside_the_tool("after_effect")
     assert OutboxEmail.objects.count() == 1
@@ -136,6 +138,7 @@ def test_settled_done_is_recorded_and_a_forced_replay_reuses_it(settler, support
     assert "sue already settled it as done" in twice.json()["detail"]
 
 
+@pytest.mark.slow
 def test_settled_not_done_lets_the_replay_run_the_call(settler, support_lead):
     run = killed_inside_the_tool("before_effect")
     assert OutboxEmail.objects.count() == 0
@@ -189,6 +192,7 @@ def test_a_tool_that_raised_after_starting_its_effect_can_be_settled(settler):
 # --- The run page ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_run_page_settles_a_call_in_doubt_for_those_allowed(settler, support_agent):
     run = killed_inside_the_tool("after_effect")
     call = run.tool_calls.get()
@@ -221,6 +225,7 @@ def test_the_run_page_settles_a_call_in_doubt_for_those_allowed(settler, support
     assert client.get(settle_url).status_code == 405
 
 
+@pytest.mark.slow
 def test_a_key_settled_not_done_is_taken_over_even_with_other_stable_fields(settler, support_lead):
     run = killed_inside_the_tool("before_effect")
     call = run.tool_calls.get()

@@ -23,7 +23,7 @@ from agents.models import AdkEvent, OutboxEmail
 from runs import lifecycle, services
 from runs.inbox import attempts, processing, receipt, signing
 from runs.models import AgentRun, EventStatus, RunStatus, Trigger, WebhookEvent, WebhookSource
-from tests.helpers import BASE_DIR, LOOKUP, SAY_DONE, SEND_EMAIL, child_env, postgres_only
+from tests.helpers import BASE_DIR, LOOKUP, SAY_DONE, SEND_EMAIL, child_env, postgres_only, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -500,16 +500,8 @@ def _worker(**env) -> subprocess.Popen:
     )
 
 
-def _wait_until(predicate, *, timeout: float, step: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError("timed out waiting")
 
-
+@pytest.mark.slow
 @postgres_only
 @pytest.mark.parametrize("called_a_tool", [True, False], ids=["after-a-tool", "before-any-tool"])
 def test_a_worker_killed_mid_event_loses_its_lease_and_another_worker_takes_over(
@@ -532,7 +524,7 @@ def test_a_worker_killed_mid_event_loses_its_lease_and_another_worker_takes_over
 
     first = _worker(**env)
     if not called_a_tool:
-        _wait_until(lambda: AgentRun.objects.filter(status=RunStatus.RUNNING).exists(), timeout=60)
+        wait_until(lambda: AgentRun.objects.filter(status=RunStatus.RUNNING).exists(), timeout=60)
         time.sleep(1)
         os.kill(first.pid, signal.SIGKILL)
     first.communicate(timeout=120)
@@ -570,6 +562,7 @@ def test_a_worker_killed_mid_event_loses_its_lease_and_another_worker_takes_over
         assert event.attempts == 2
 
 
+@pytest.mark.slow
 @postgres_only
 def test_four_workers_racing_over_the_same_events_start_one_run_each(enqueued, settings):
     make_source()

@@ -20,7 +20,7 @@ from runs import replay as rules
 from runs.effects import settle_call
 from runs.management.commands.seed_demo import DEMO_WORKFLOW
 from runs.models import AgentRun, RunStatus, RunStep, StepStatus, ToolCallStatus, Trigger
-from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, UPDATE_CRM, run_now
+from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, UPDATE_CRM, run_now, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,12 +66,6 @@ def run_in_thread(run_id):
     worker.start()
     return worker
 
-
-def wait_for(condition, *, timeout: float = 30, what: str = "the condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 # --- Runs: chain, fan-out and join ------------------------------------------------------------------
@@ -298,7 +292,7 @@ def test_cancelling_mid_workflow_stops_every_step_and_sub_workflow_within_a_few_
     )
     worker = run_in_thread(run.run_id)
     try:
-        wait_for(lambda: run.tool_calls.count() == 2, what="both hanging lookups")
+        wait_until(lambda: run.tool_calls.count() == 2, step=0.05, what="both hanging lookups")
         asked = time.monotonic()
         services.cancel_run(run.run_id, actor=alice)
         worker.join(timeout=30)
@@ -340,7 +334,7 @@ def test_cancelling_during_a_retry_wait_stops_the_wait(settings, alice, observed
     )
     worker = run_in_thread(run.run_id)
     try:
-        wait_for(lambda: run.steps.filter(status=StepStatus.ERROR).exists(), what="the first attempt to fail")
+        wait_until(lambda: run.steps.filter(status=StepStatus.ERROR).exists(), step=0.05, what="the first attempt to fail")
         asked = time.monotonic()
         services.cancel_run(run.run_id, actor=alice)
         worker.join(timeout=30)
