@@ -437,7 +437,7 @@ OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME", "agent-ledger")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "config.lib.auth.ExpiringTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -450,6 +450,9 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.MultiPartParser",
     ],
 }
+
+# API tokens are refused (401 token_expired) this many days after they were made; 0 keeps them.
+API_TOKEN_TTL_DAYS = env_int("API_TOKEN_TTL_DAYS", 90, minimum=0)
 
 # Requests per user (config/lib/throttles.py); `off` lifts a limit. 429 with Retry-After past it.
 THROTTLE_RATES = {
