@@ -226,8 +226,9 @@ warnings.filterwarnings("ignore", message="No directory at", category=UserWarnin
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 
-# By default sent mail is written to files under VAR_DIR/mail: visible, and never delivered.
-EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.filebased.EmailBackend")
+# By default sent mail is written to files under VAR_DIR/mail (0600 in a 0700 folder): visible to
+# the service's account, and never delivered.
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "config.lib.mail.PrivateFileEmailBackend")
 EMAIL_FILE_PATH = env_str("EMAIL_FILE_PATH", str(VAR_DIR / "mail"))
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "support@agent-ledger.local")
 
@@ -264,9 +265,9 @@ MAX_UPLOAD_BYTES = env_int("MAX_UPLOAD_BYTES", 25 * 1024 * 1024, minimum=1)
 # (config/lib/limits.py); uploads to POST /api/runs/ and webhook deliveries have their own limits.
 MAX_REQUEST_BODY_BYTES = env_int("MAX_REQUEST_BODY_BYTES", 2_621_440, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BODY_BYTES
-# Stored copies are private to the service's account and group.
-FILE_UPLOAD_PERMISSIONS = 0o640
-FILE_UPLOAD_DIRECTORY_PERMISSIONS = 0o750
+# Stored copies are private to the service's account (config/lib/files.py).
+FILE_UPLOAD_PERMISSIONS = 0o600
+FILE_UPLOAD_DIRECTORY_PERMISSIONS = 0o700
 # Where uploads larger than FILE_UPLOAD_MAX_MEMORY_SIZE are spooled while they arrive (default:
 # the system's temp directory).
 FILE_UPLOAD_TEMP_DIR = env_str("FILE_UPLOAD_TEMP_DIR", "") or None
@@ -441,7 +442,7 @@ OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME", "agent-ledger")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "config.lib.auth.ExpiringTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -454,6 +455,9 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.MultiPartParser",
     ],
 }
+
+# API tokens are refused (401 token_expired) this many days after they were made; 0 keeps them.
+API_TOKEN_TTL_DAYS = env_int("API_TOKEN_TTL_DAYS", 90, minimum=0)
 
 # Requests per user (config/lib/throttles.py); `off` lifts a limit. 429 with Retry-After past it.
 THROTTLE_RATES = {

@@ -1,6 +1,8 @@
 from django.apps import AppConfig
 from django.conf import settings
+from django.db.backends.signals import connection_created
 
+from config.lib.files import make_sqlite_files_private
 from config.lib.observability import configure_from_settings
 
 
@@ -19,6 +21,8 @@ class RunsConfig(AppConfig):
         )
 
         post_spawn.connect(worker.on_worker_spawned, dispatch_uid="runs.worker.on_worker_spawned")
+        # The SQLite files hold API tokens, sessions and webhook secrets: 0600 from the first connection.
+        connection_created.connect(make_sqlite_files_private, dispatch_uid="config.lib.files.sqlite_private")
 
         # Before the first request is handled: Django's request spans need their middleware.
         configure_from_settings(settings)

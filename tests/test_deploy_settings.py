@@ -191,8 +191,9 @@ def test_run_input_copies_are_not_world_readable(monkeypatch):
     finally:
         os.umask(old_umask)
     stored = Path(run.input_file)
-    assert _mode(stored) == 0o640
-    assert _mode(stored.parent) == 0o750
+    assert _mode(stored) == 0o600
+    assert _mode(stored.parent) == 0o700
+    assert _mode(stored.parent.parent) == 0o700  # RUN_INPUTS_DIR itself, created on the way
 
 
 def test_webhook_attachment_copies_are_not_world_readable(settings, tmp_path, monkeypatch):
@@ -207,8 +208,50 @@ def test_webhook_attachment_copies_are_not_world_readable(settings, tmp_path, mo
                                                                                       message_id="m1"),
                                               "X-Message-Id": "m1"})
     stored = Path(receipt.event.attachments[0]["path"])
-    assert _mode(stored) == 0o640
-    assert _mode(stored.parent) == 0o750
+    assert _mode(stored) == 0o600
+    assert _mode(stored.parent) == 0o700
+    assert _mode(settings.WEBHOOK_ATTACHMENTS_DIR) == 0o700
+
+
+def test_mail_files_and_their_folder_are_private(settings, tmp_path):
+    from django.core import mail
+
+    settings.EMAIL_BACKEND = "config.lib.mail.PrivateFileEmailBackend"
+    settings.EMAIL_FILE_PATH = str(tmp_path / "var" / "mail")
+    old_umask = os.umask(0o002)
+    try:
+        mail.send_mail("Refund", "Your refund is on its way.", "support@example.com", ["jane@example.com"])
+    finally:
+        os.umask(old_umask)
+    folder = tmp_path / "var" / "mail"
+    [written] = list(folder.iterdir())
+    assert "Your refund is on its way." in written.read_text()
+    assert _mode(written) == 0o600
+    assert _mode(folder) == 0o700
+    assert _mode(folder.parent) == 0o700
+
+
+def test_the_default_mail_backend_is_the_private_one():
+    result = _python("from django.conf import settings; print(settings.EMAIL_BACKEND)", drop=("EMAIL_BACKEND",))
+    assert result.stdout.split()[-1] == "config.lib.mail.PrivateFileEmailBackend", result.stderr[-2000:]
+
+
+def test_sqlite_files_are_private_from_the_first_connection(tmp_path):
+    database = tmp_path / "ledger.sqlite3"
+    # Modes are read in the child: SQLite removes its -wal and -shm files when the last connection closes.
+    code = (
+        "import os, stat\nos.umask(0o022)\nfrom django.db import connection\n"
+        "connection.cursor().execute('CREATE TABLE t (x int)')\n"
+        "connection.cursor().execute('INSERT INTO t VALUES (1)')\n"
+        "folder = os.path.dirname(connection.settings_dict['NAME'])\n"
+        "for name in sorted(os.listdir(folder)):\n"
+        "    print(name, oct(stat.S_IMODE(os.stat(os.path.join(folder, name)).st_mode)))"
+    )
+    result = _python(code, DATABASE_URL=f"sqlite:///{database}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    modes = dict(line.split() for line in result.stdout.strip().splitlines())
+    assert {"ledger.sqlite3", "ledger.sqlite3-wal"} <= set(modes), modes
+    assert set(modes.values()) == {"0o600"}, modes
 
 
 # --- The schema's audience ------------------------------------------------------------------------------

@@ -197,7 +197,7 @@ def test_the_same_users_replay_and_cancel_their_own_runs(request, persona, no_wo
 def test_staff_without_the_view_permission_read_only_their_own_runs_through_the_api(bare_staff, alice, no_worker):
     theirs = make_run(created_by=alice, status=RunStatus.ERROR, tools=[])
     mine = make_run(created_by=bare_staff, status=RunStatus.ERROR, tools=[])
-    client = api(bare_staff)
+    client = api_as(bare_staff)
     assert_refused(client.get(f"/api/runs/{theirs.run_id}/"), 404, "not_found")
     assert_refused(client.get(f"/api/runs/{theirs.run_id}/events/"), 404, "not_found")
     listed = client.get("/api/runs/").json()["results"]

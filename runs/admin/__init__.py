@@ -4,4 +4,4 @@ Each module registers its own ModelAdmins; actions are doors onto the services a
 refusals through `config.lib.admin.act_on_each`.
 """
 
-from runs.admin import effects, inbox, memory, owners, runs, schedules  # noqa: F401 - each registers its ModelAdmins
+from runs.admin import effects, inbox, memory, owners, runs, schedules, tokens  # noqa: F401 - each registers its ModelAdmins

@@ -26,6 +26,7 @@ from rest_framework.authentication import SessionAuthentication, TokenAuthentica
 
 from config.lib import safe_json
 from config.lib.api_errors import api_exception_handler
+from config.lib.auth import ExpiringTokenAuthentication
 from config.lib.refusals import Refusal
 from config.lib.throttles import CHAT_TURN, throttle_wait
 from runs.chat import turns as chat
@@ -52,7 +53,7 @@ def error_response(exc: Exception) -> JsonResponse:
 
 async def authenticate(request: HttpRequest):
     """The user, as DRF's Token then Session authentication would find them; raises DRF's errors."""
-    token_auth = TokenAuthentication()
+    token_auth = ExpiringTokenAuthentication()
     header = get_authorization_header(request).split()
     if header and header[0].lower() == token_auth.keyword.lower().encode():
         user, _token = await sync_to_async(token_auth.authenticate)(request)

@@ -22,11 +22,13 @@ from runs.models.ledger import (
 )
 from runs.models.owners import OwnerGrant
 from runs.models.schedules import FiringOutcome, RunSchedule, ScheduleFiring, ScheduleKind
+from runs.models.tokens import ApiToken
 
 __all__ = [
     "IN_FLIGHT",
     "SETTLED",
     "AgentRun",
+    "ApiToken",
     "Conversation",
     "EffectStatus",
     "EffectsChoice",
