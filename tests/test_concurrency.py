@@ -22,8 +22,9 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from agents.models import CrmNote, OutboxEmail
-from runs import lifecycle, outcomes, reconcile, services, worker
+from runs import lifecycle, reconcile, services, worker
 from runs.models import AgentRun, RunStatus, ToolCallStatus
+from runs.outcomes import WORKER_SHUTDOWN
 from runs.tasks import execute_run
 from tests.helpers import (
     BASE_DIR,
@@ -157,7 +158,7 @@ def test_a_drain_lets_finishing_runs_finish_and_aborts_the_rest_with_their_tools
     assert settings.RUN_DRAIN_SECONDS <= took < settings.RUN_DRAIN_SECONDS + 20
     assert _statuses(finishing) == {RunStatus.SUCCESS: 3}
     for run in AgentRun.objects.filter(pk__in=[r.pk for r in stuck]):
-        assert (run.status, run.error_code) == (RunStatus.ERROR, outcomes.WORKER_SHUTDOWN)
+        assert (run.status, run.error_code) == (RunStatus.ERROR, WORKER_SHUTDOWN)
         assert "RUN_DRAIN_SECONDS=2 s" in run.error_message
         assert run.tools_executed == ALL_THREE
         assert run.tool_calls.get(tool_name="update_crm").status == ToolCallStatus.FAILED
@@ -295,7 +296,7 @@ def test_sigterm_drains_the_worker_then_aborts_what_is_left(clusters):
     outcomes = list(AgentRun.objects.filter(pk__in=[r.pk for r in finishing]).values_list("status", "error_message"))
     assert _statuses(finishing) == {RunStatus.SUCCESS: 5}, outcomes
     for run in AgentRun.objects.filter(pk__in=[r.pk for r in stuck]):
-        assert (run.status, run.error_code) == (RunStatus.ERROR, outcomes.WORKER_SHUTDOWN), run.error_message
+        assert (run.status, run.error_code) == (RunStatus.ERROR, WORKER_SHUTDOWN), run.error_message
         assert run.tools_executed == ALL_THREE
     # Nothing was left for reconciliation.
     assert not reconcile.sweep(now=timezone.now() + timedelta(hours=1)).reconciled
