@@ -135,14 +135,17 @@ def main() -> None:
         try:
             import httpx
 
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + 120
             while True:
                 try:
                     httpx.get(f"{url}/admin/login/", timeout=2)
                     break
                 except httpx.TransportError:
                     if server.poll() is not None or time.monotonic() > deadline:
-                        raise SystemExit(f"the server did not start: {server.stderr.read().decode()[-2000:]}") from None
+                        # Its stderr ends only when it does: stop it before reading what it said.
+                        server.kill()
+                        said = server.communicate()[1].decode()[-2000:]
+                        raise SystemExit(f"the server did not start: {said}") from None
                     time.sleep(0.2)
 
             for _ in range(args.warmup):

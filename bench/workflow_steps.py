@@ -54,11 +54,12 @@ def measure(args: argparse.Namespace) -> None:
     from google.genai import types
 
     from agents.adk import run_coroutine, session_service
-    from agents.management.commands.seed_demo import DEMO_CUSTOMERS, DEMO_WORKFLOW
+    from agents.demo import DEMO_WORKFLOW
     from agents.models import Customer
     from agents.services import save_workflow, workflow_snapshot
     from agents.workflows import compile_workflow
     from runs import executor, services
+    from runs.management.commands.seed_demo import DEMO_CUSTOMERS
     from runs.models import AgentRun, RunStatus, RunStep
 
     for customer in DEMO_CUSTOMERS:

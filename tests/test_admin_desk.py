@@ -15,6 +15,7 @@ from runs.models import AgentRun, RunStatus
 from tests.factories import ADMIN_HINT, API_HINT, TABLE, make_run, run_in_state
 from tests.helpers import SEND_EMAIL, UPDATE_CRM, run_now, script_params
 
+# The desk's runs are executed for real first: the agent loop's ORM thread and ADK's engine read the test's commits.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_worker")]
 
 CHANGELIST = "/admin/runs/agentrun/"

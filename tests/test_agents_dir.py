@@ -18,6 +18,7 @@ from runs.inbox.sources import source_errors
 from runs.models import AgentRun, RunStatus, ToolCall, ToolCallStatus, WebhookSource
 from tests.helpers import EMAIL_ARGS, SAY_DONE, api_as, package_source, run_now
 
+# Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 BROKEN = 'from google.adk.agents import LlmAgent\n\nroot_agent = LlmAgent(name="broken", model="gemini-2.5-flash"\n'

@@ -26,6 +26,7 @@ from tests.factories import (
 )
 from tests.helpers import SAY_DONE, SEND_EMAIL, UPDATE_CRM, api_as, run_now, script_params
 
+# Runs the API starts are executed on the agent loop, whose ORM thread and ADK's engine read the test's commits.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_worker")]
 
 

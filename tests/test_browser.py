@@ -39,6 +39,7 @@ CHROMIUM_ARGS = [
 ]
 DOCS_SCREENSHOT = Path(settings.BASE_DIR) / "docs" / "force-replay-confirmation.png"
 
+# The browser talks to a live server thread, which reads what the test committed.
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.browser,

@@ -16,6 +16,7 @@ from runs.refusals import RunAlreadySettled, RunNotFound
 from runs.tasks import execute_run
 from tests.helpers import LOOKUP, SAY_DONE, UPDATE_CRM, script_params
 
+# A run cancelled from the test is running on the agent loop's threads and connections.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 

@@ -32,6 +32,7 @@ from tests.helpers import (
     wait_until_serving,
 )
 
+# A live server (its own process) and the agent loop read what the test committed.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 HANG = dict(SEND_EMAIL, hang=60)

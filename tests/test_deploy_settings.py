@@ -28,6 +28,7 @@ from runs.periodic_jobs import JOBS
 from tests.factories import make_run
 from tests.helpers import BASE_DIR, SAY_DONE, child_env, read_settings
 
+# Child processes and runs executed on the agent loop read the test database through their own connections.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PRODUCTION = {

@@ -267,7 +267,7 @@ def test_the_live_fragment_follows_the_run_and_says_when_it_has_settled(support_
     assert login(inbox_only).get(f"{RUNS}{run.pk}/live/").status_code in (403, 404)
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db(transaction=True)  # the run executes on the agent loop, which reads the test's commits
 def test_a_call_whose_tool_raised_after_starting_its_effect_is_in_doubt_on_the_desk_as_in_the_rules(admin_user):
     # The tool may have acted before it raised: its effect record stays `started`. The desk counts
     # that call in doubt, and the run as awaiting a decision on it, exactly as decide() refuses it.

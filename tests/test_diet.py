@@ -16,6 +16,7 @@ from agents import diet, registry
 from agents.models import AdkEvent
 from tests.helpers import SAY_DONE, run_now, script_params
 
+# Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 IMAGE_BYTES = 120_000

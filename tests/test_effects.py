@@ -47,6 +47,7 @@ from tests.helpers import (
 )
 
 FAIL = {"fail": "error", "message": "The model is down."}
+# Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
 db = pytest.mark.django_db(transaction=True)
 
 

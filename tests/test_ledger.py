@@ -26,6 +26,7 @@ from tests.helpers import (
     script_params,
 )
 
+# Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 

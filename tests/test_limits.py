@@ -29,6 +29,7 @@ from runs.models import AgentRun, RunStatus, Trigger
 from tests.factories import make_run
 from tests.helpers import BASE_DIR, SAY_DONE, SEND_EMAIL, child_env, run_python, script_params, wait_until_serving
 
+# Live servers in child processes and runs on the agent loop read what the test committed.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 LIMIT = 64 * 1024

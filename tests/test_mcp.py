@@ -20,6 +20,7 @@ from runs.models import AgentRun, RunStatus, ToolCall, ToolCallStatus
 from runs.tasks import execute_run
 from tests.helpers import BASE_DIR, MCP_SERVER, child_env, package_source, run_now
 
+# Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 READ = {"call": "read_ticket", "args": {"ticket_id": "T-1"}}

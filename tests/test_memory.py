@@ -31,6 +31,7 @@ from runs import lifecycle
 from runs.models import AgentRun, RunStatus
 from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, postgres_only, read_settings, run_now, run_python, script_params
 
+# Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 URL = "/api/memory/"

@@ -16,6 +16,7 @@ from runs.models import AgentRun, EventStatus, RunStatus, ToolCall, ToolCallStat
 from runs.refusals import ToolsCalled
 from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, run_now, script_params
 
+# Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 TOKEN = "scrape-me-7c1f"

@@ -22,6 +22,7 @@ from config.lib.observability import (
 )
 from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, run_now, run_python, script_params
 
+# Runs on the agent loop and child processes read what the test committed.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 

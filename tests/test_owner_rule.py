@@ -25,6 +25,7 @@ from tests.factories import make_run
 from tests.helpers import SAY_DONE, SEND_EMAIL, api_as, run_now, script_params
 from tests.test_webhooks import FAIL, deliver, make_source
 
+# Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 MEMORY = "/api/memory/"

@@ -33,6 +33,7 @@ from tests.helpers import (
     wait_until,
 )
 
+# Runs on the agent loop, reconcilers in threads and worker processes read what the test committed.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 

@@ -159,6 +159,7 @@ def test_decide_is_pure_given_facts():
 
 # --- replay_run: the service -------------------------------------------------------------------------
 
+# Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
 pytestmark_db = pytest.mark.django_db(transaction=True)
 
 

@@ -29,6 +29,7 @@ from runs.refusals import ResumeNotPermitted
 from tests.factories import make_run
 from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, UPDATE_CRM, postgres_only, run_now, script_params
 
+# Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
 db = pytest.mark.django_db(transaction=True)
 SCRIPT = [SEND_EMAIL, UPDATE_CRM, {"say": "Emailed Jane and noted it."}]
 

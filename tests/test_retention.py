@@ -17,6 +17,7 @@ from runs.models import AgentRun, RunStatus, ToolCall
 from runs.tasks import purge_events as purge_job
 from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, read_settings, run_now, script_params
 
+# Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 

@@ -21,6 +21,9 @@ from agents.retrying import RetryingLlm, RetryLog, current_retry_log, provider_r
 from runs.models import AgentRun, RunStatus, ToolCallStatus
 from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, run_now, script_params
 
+# Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
+runs_for_real = pytest.mark.django_db(transaction=True)
+
 RATE_LIMIT = {"fail": "rate_limit"}
 EMPTY = {"empty": True}
 
@@ -52,7 +55,7 @@ def _user_messages(run: AgentRun) -> list[str]:
 # --- The scenario: a tool ran, then the next model call was rate limited ----------------------------
 
 
-@pytest.mark.django_db(transaction=True)
+@runs_for_real
 def test_rate_limit_after_send_email_is_retried_at_the_call_and_sends_one_email(model_requests):
     run = run_now(message=MESSAGE, params=script_params(SEND_EMAIL, RATE_LIMIT, SAY_DONE))
 
@@ -79,7 +82,7 @@ def test_rate_limit_after_send_email_is_retried_at_the_call_and_sends_one_email(
     assert user_texts == [MESSAGE]
 
 
-@pytest.mark.django_db(transaction=True)
+@runs_for_real
 def test_rate_limit_before_any_call_is_retried_and_succeeds():
     run = run_now(params=script_params(RATE_LIMIT, SEND_EMAIL, SAY_DONE))
 
@@ -89,7 +92,7 @@ def test_rate_limit_before_any_call_is_retried_and_succeeds():
     assert [r["reason"] for r in run.model_retries] == ["rate_limit"]
 
 
-@pytest.mark.django_db(transaction=True)
+@runs_for_real
 def test_two_rate_limits_in_a_row_use_the_whole_budget_with_growing_waits():
     run = run_now(params=script_params(RATE_LIMIT, RATE_LIMIT, SAY_DONE))
 
@@ -99,7 +102,7 @@ def test_two_rate_limits_in_a_row_use_the_whole_budget_with_growing_waits():
     assert second > first  # exponential: base, then twice the base (each with under 20% jitter)
 
 
-@pytest.mark.django_db(transaction=True)
+@runs_for_real
 def test_rate_limits_beyond_the_budget_settle_as_error_with_the_tools_and_no_turn_retry(model_requests):
     run = run_now(params=script_params(LOOKUP, SEND_EMAIL, RATE_LIMIT, RATE_LIMIT, RATE_LIMIT, SAY_DONE))
 
@@ -118,7 +121,7 @@ def test_rate_limits_beyond_the_budget_settle_as_error_with_the_tools_and_no_tur
     assert all(c.status == ToolCallStatus.ANSWERED for c in run.tool_calls.all())
 
 
-@pytest.mark.django_db(transaction=True)
+@runs_for_real
 def test_rate_limit_with_no_retries_allowed_fails_at_once_and_says_so(settings):
     settings.MODEL_RATE_LIMIT_RETRIES = 0
     run = run_now(params=script_params(RATE_LIMIT, SAY_DONE))
@@ -130,7 +133,7 @@ def test_rate_limit_with_no_retries_allowed_fails_at_once_and_says_so(settings):
     assert run.model_retries == []
 
 
-@pytest.mark.django_db(transaction=True)
+@runs_for_real
 def test_the_providers_retry_delay_is_honoured():
     run = run_now(params=script_params({"fail": "rate_limit", "retry_delay": 0.3}, SAY_DONE))
 
@@ -138,7 +141,7 @@ def test_the_providers_retry_delay_is_honoured():
     assert run.model_retries[0]["waited_s"] == 0.3
 
 
-@pytest.mark.django_db(transaction=True)
+@runs_for_real
 def test_a_requested_wait_beyond_the_maximum_gives_up_without_waiting(settings):
     settings.MODEL_RETRY_MAX_WAIT_SECONDS = 2
     run = run_now(params=script_params(SEND_EMAIL, {"fail": "rate_limit", "retry_delay": 120}, SAY_DONE))
@@ -153,7 +156,7 @@ def test_a_requested_wait_beyond_the_maximum_gives_up_without_waiting(settings):
 # --- Empty turns ------------------------------------------------------------------------------------
 
 
-@pytest.mark.django_db(transaction=True)
+@runs_for_real
 def test_an_empty_turn_is_retried_once_then_succeeds():
     run = run_now(params=script_params(EMPTY, SEND_EMAIL, SAY_DONE))
 
@@ -166,7 +169,7 @@ def test_an_empty_turn_is_retried_once_then_succeeds():
     assert not [e for e in events if e.data.get("error_code")]
 
 
-@pytest.mark.django_db(transaction=True)
+@runs_for_real
 def test_an_empty_turn_after_a_call_is_retried_without_repeating_the_call():
     run = run_now(params=script_params(SEND_EMAIL, EMPTY, SAY_DONE))
 
@@ -174,7 +177,7 @@ def test_an_empty_turn_after_a_call_is_retried_without_repeating_the_call():
     assert OutboxEmail.objects.filter(run_id=run.run_id).count() == 1
 
 
-@pytest.mark.django_db(transaction=True)
+@runs_for_real
 def test_two_empty_turns_end_in_an_error_a_person_understands():
     run = run_now(params=script_params(SEND_EMAIL, EMPTY, EMPTY, SAY_DONE))
 
@@ -302,7 +305,7 @@ def test_a_gemini_model_is_wrapped_too(settings):
 # --- Visible in the admin -------------------------------------------------------------------------
 
 
-@pytest.mark.django_db(transaction=True)
+@runs_for_real
 def test_retries_are_shown_on_the_admin_run_page(admin_client):
     run = run_now(params=script_params(RATE_LIMIT, EMPTY, SAY_DONE))
     assert run.status == RunStatus.SUCCESS, run.error_message

@@ -19,6 +19,7 @@ from runs.schedules import services as scheduling
 from runs.tasks import fire_schedules
 from tests.helpers import BASE_DIR, SAY_DONE, child_env, postgres_only
 
+# Scheduled runs execute on the agent loop; two schedulers race in separate processes.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 

@@ -15,6 +15,7 @@ from runs import executor, lifecycle, services
 from runs.models import AgentRun, RunStatus
 from tests.helpers import EMAIL_ARGS, LOOKUP, SAY_DONE, SEND_EMAIL, package_source, run_now, script_params
 
+# Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 

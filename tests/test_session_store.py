@@ -41,6 +41,7 @@ from runs.models import ToolCall, ToolCallStatus
 from tests.factories import make_run
 from tests.helpers import BASE_DIR, child_env, postgres_only
 
+# ADK's session service writes through its own SQLAlchemy engine; two processes race on one session.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 T = TypeVar("T")

@@ -23,6 +23,7 @@ from runs.models import AgentRun, EffectStatus, RunStatus, ToolEffect
 from runs.refusals import CallsInDoubt, NoteRequired, NotInDoubt, SettleNotPermitted, ToolsCalled
 from tests.helpers import SAY_DONE, SEND_EMAIL, run_now, run_python, script_params
 
+# Runs execute on the agent loop, and a worker killed in a child process leaves the calls to settle.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 

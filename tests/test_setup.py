@@ -16,6 +16,9 @@ from agents.adk import adk_database_url
 from runs.models import AgentRun, RunStatus
 from tests.helpers import BASE_DIR, SAY_DONE, SEND_EMAIL, child_env, read_settings, run_manage, run_now, script_params
 
+# Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
+runs_for_real = pytest.mark.django_db(transaction=True)
+
 
 def _django_setup_with(**env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -67,7 +70,7 @@ def test_migrate_makes_sure_adks_tables_exist():
     assert {"sessions", "events", "app_states", "user_states", "adk_internal_metadata"} <= tables
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db(transaction=True)  # the pragmas are read outside a test transaction, as a connection has them
 def test_sqlite_connections_use_wal_and_a_busy_timeout():
     if connection.vendor != "sqlite":
         pytest.skip("SQLite only")
@@ -89,7 +92,7 @@ def test_sqlite_connections_use_wal_and_a_busy_timeout():
 
 
 @pytest.mark.slow
-@pytest.mark.django_db(transaction=True)
+@runs_for_real
 def test_run_agent_command_prints_the_run_id_and_the_outcome():
     result = run_manage(
         "run_agent", "support", "Email Jane", "--owner", "alice", "--inline",
@@ -103,7 +106,7 @@ def test_run_agent_command_prints_the_run_id_and_the_outcome():
     assert "tools called: send_email" in lines
 
 
-@pytest.mark.django_db(transaction=True)
+@runs_for_real
 @pytest.mark.parametrize(
     "args, words",
     [
@@ -122,7 +125,7 @@ def test_run_agent_refuses_bad_input_clearly(args, words):
     assert AgentRun.objects.count() == 0
 
 
-@pytest.mark.django_db(transaction=True)
+@runs_for_real
 def test_run_agent_refuses_a_file_over_the_limit(tmp_path, settings):
     settings.MAX_UPLOAD_BYTES = 1024
     big = tmp_path / "big.bin"
@@ -133,7 +136,7 @@ def test_run_agent_refuses_a_file_over_the_limit(tmp_path, settings):
     assert AgentRun.objects.count() == 0
 
 
-@pytest.mark.django_db(transaction=True)
+@runs_for_real
 def test_seed_demo_really_runs_the_agent_once():
     call_command("seed_demo")
     runs = {run.config["message"]: run for run in AgentRun.objects.filter(agent_name="support")}
@@ -174,7 +177,7 @@ def test_ensure_admin_prints_a_generated_password(monkeypatch, capsys, django_us
     assert django_user_model.objects.get(username="admin").check_password(password)
 
 
-@pytest.mark.django_db(transaction=True)
+@runs_for_real
 def test_runs_are_read_only_records_in_the_admin(admin_client):
     run = run_now(params=script_params(SEND_EMAIL, SAY_DONE))
 

@@ -17,6 +17,7 @@ from runs.models import AgentRun, EventStatus, RunStatus, WebhookEvent, WebhookS
 from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL
 from tests.test_webhooks import FAIL, SECRET, attachment, deliver, make_source
 
+# Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CHANGELIST = "/admin/runs/webhookevent/"

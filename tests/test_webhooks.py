@@ -25,6 +25,7 @@ from runs.inbox import attempts, processing, receipt, signing
 from runs.models import AgentRun, EventStatus, RunStatus, Trigger, WebhookEvent, WebhookSource
 from tests.helpers import BASE_DIR, LOOKUP, SAY_DONE, SEND_EMAIL, child_env, postgres_only, wait_until
 
+# Events are processed by runs on the agent loop, and worker processes race over them.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SECRET = "correct-horse-battery-staple-42"

@@ -22,6 +22,7 @@ from runs.management.commands.seed_demo import DEMO_WORKFLOW
 from runs.models import AgentRun, RunStatus, RunStep, StepStatus, ToolCallStatus, Trigger
 from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, UPDATE_CRM, run_now, wait_until
 
+# Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
