@@ -12,6 +12,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from config.env import env_bool, env_float, env_int, env_list, env_rate, env_str
+from config.lib.crypto import check_keys, derived_key
 from config.lib.redact import redact
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -362,6 +363,9 @@ CHAT_KEEPALIVE_SECONDS = env_float("CHAT_KEEPALIVE_SECONDS", 15.0, minimum=0.1)
 
 # --- The webhook inbox ---------------------------------------------------------------------------
 
+# Fernet keys (comma-separated, newest first) that encrypt stored webhook secrets
+# (config/lib/crypto.py); unset, one key derived from SECRET_KEY.
+SECRETS_ENCRYPTION_KEYS = check_keys(env_list("SECRETS_ENCRYPTION_KEYS", []) or [derived_key(SECRET_KEY)])
 # Largest JSON body `POST /api/webhooks/<source>/` accepts (attachments included, base64).
 WEBHOOK_MAX_BYTES = env_int("WEBHOOK_MAX_BYTES", 10 * 1024 * 1024, minimum=1024)
 WEBHOOK_ATTACHMENTS_DIR = Path(env_str("WEBHOOK_ATTACHMENTS_DIR", str(VAR_DIR / "webhook-attachments")))
