@@ -202,9 +202,8 @@ AXES_RESET_ON_SUCCESS = True
 # The address a lockout is keyed on: REMOTE_ADDR, or behind N trusted proxies the N-th from the
 # right of X-Forwarded-For.
 AXES_IPWARE_PROXY_COUNT = env_int("AXES_PROXY_COUNT", None, minimum=1)
-AXES_IPWARE_META_PRECEDENCE_ORDER = (
-    ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"] if AXES_IPWARE_PROXY_COUNT else ["REMOTE_ADDR"]
-)
+# django-ipware is not installed, so axes would read REMOTE_ADDR only: the address comes from here.
+AXES_CLIENT_IP_CALLABLE = "config.lib.client_ip.client_ip"
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
