@@ -12,6 +12,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from config.env import env_bool, env_float, env_int, env_list, env_rate, env_str
+from config.lib.crypto import check_keys, derived_key
 from config.lib.redact import redact
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -201,9 +202,8 @@ AXES_RESET_ON_SUCCESS = True
 # The address a lockout is keyed on: REMOTE_ADDR, or behind N trusted proxies the N-th from the
 # right of X-Forwarded-For.
 AXES_IPWARE_PROXY_COUNT = env_int("AXES_PROXY_COUNT", None, minimum=1)
-AXES_IPWARE_META_PRECEDENCE_ORDER = (
-    ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"] if AXES_IPWARE_PROXY_COUNT else ["REMOTE_ADDR"]
-)
+# django-ipware is not installed, so axes would read REMOTE_ADDR only: the address comes from here.
+AXES_CLIENT_IP_CALLABLE = "config.lib.client_ip.client_ip"
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -367,6 +367,9 @@ CHAT_KEEPALIVE_SECONDS = env_float("CHAT_KEEPALIVE_SECONDS", 15.0, minimum=0.1)
 
 # --- The webhook inbox ---------------------------------------------------------------------------
 
+# Fernet keys (comma-separated, newest first) that encrypt stored webhook secrets
+# (config/lib/crypto.py); unset, one key derived from SECRET_KEY.
+SECRETS_ENCRYPTION_KEYS = check_keys(env_list("SECRETS_ENCRYPTION_KEYS", []) or [derived_key(SECRET_KEY)])
 # Largest JSON body `POST /api/webhooks/<source>/` accepts (attachments included, base64).
 WEBHOOK_MAX_BYTES = env_int("WEBHOOK_MAX_BYTES", 10 * 1024 * 1024, minimum=1024)
 WEBHOOK_ATTACHMENTS_DIR = Path(env_str("WEBHOOK_ATTACHMENTS_DIR", str(VAR_DIR / "webhook-attachments")))

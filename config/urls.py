@@ -16,4 +16,5 @@ urlpatterns = [
     re_path(r"^api/", api_not_found),
 ]
 
+handler400 = "config.lib.api_errors.api_bad_request"
 handler500 = "config.lib.api_errors.api_server_error"

@@ -28,7 +28,7 @@ from agents.scripted import ScriptError
 from agents.services import resolve_runnable
 from agents.workflows import WorkflowGraphError, validate_workflow_params
 from config.lib import files, safe_json
-from config.lib.refusals import required_text
+from config.lib.refusals import TooLargeInput, required_text
 from runs import lifecycle, permissions, quotas, reconcile, visibility
 from runs import replay as rules
 from runs import resume as resume_rules
@@ -129,8 +129,8 @@ def _copy_input_file(source: IO[bytes], destination: Path) -> tuple[str, int]:
         while chunk := source.read(_COPY_CHUNK):
             size += len(chunk)
             if size > limit:
-                raise ValidationError(
-                    {"file": f"The file is larger than the limit of {limit} bytes (MAX_UPLOAD_BYTES)."}
+                raise TooLargeInput(
+                    {"file": f"The file is larger than the limit of {limit} bytes (MAX_UPLOAD_BYTES)."}, limit=limit
                 )
             digest.update(chunk)
             out.write(chunk)

@@ -139,3 +139,28 @@ def test_a_settle_note_may_span_lines(settler):
     response = api(settler).post(f"/api/runs/{run.run_id}/calls/call-1/settle/",
                                  {"outcome": "done", "note": "Outbox:\n\tthe email to Jane is there."}, format="json")
     assert response.status_code == 200, response.content
+
+
+# --- Hosts and sizes --------------------------------------------------------------------------------------
+
+
+def test_an_unknown_host_is_a_json_400_for_the_api():
+    body = refused(Client(HTTP_HOST="evil.example").get("/api/runs/"), 400, "invalid_host")
+    assert "evil.example" not in body["detail"]
+    page = Client(HTTP_HOST="evil.example").get("/admin/")
+    assert page.status_code == 400  # the admin keeps Django's page
+
+
+def test_an_upload_just_over_the_limit_is_a_413(alice, settings, monkeypatch, tmp_path):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from runs import lifecycle
+
+    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
+    settings.MAX_UPLOAD_BYTES = 1000
+    upload = SimpleUploadedFile("invoice.txt", b"x" * 1100, content_type="text/plain")
+    response = api(alice).post("/api/runs/", {"agent": "support", "owner_id": "jane", "message": "Read it.",
+                                              "file": upload}, format="multipart")
+    body = refused(response, 413, "request_too_large")
+    assert body["limit"] == 1000 and "MAX_UPLOAD_BYTES" in body["detail"]
+    assert not AgentRun.objects.exists()

@@ -11,12 +11,12 @@ import logging
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import DisallowedHost, RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, JsonResponse
 from django.urls import Resolver404, resolve
-from django.views.defaults import server_error
+from django.views.defaults import bad_request, server_error
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, serializers, status
 from rest_framework.decorators import api_view, authentication_classes, permission_classes
@@ -25,7 +25,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from config.lib.limits import RequestTooLarge
-from config.lib.refusals import Refusal
+from config.lib.refusals import Refusal, TooLargeInput
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,9 @@ def api_exception_handler(exc: Exception, context: dict) -> Response | None:
         return Response(exc.as_dict(), status=exc.status)
     if isinstance(exc, DjangoValidationError):
         errors = exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
+        if isinstance(exc, TooLargeInput):
+            body = {"code": "request_too_large", "detail": " ".join(_flatten(errors)), "limit": exc.limit}
+            return Response(body, status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
         return Response(validation_body(errors), status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, RequestDataTooBig):
         exc = RequestTooLarge(
@@ -99,6 +102,19 @@ def api_server_error(request, *args, **kwargs):
         return JsonResponse(server_error_body(), status=500)
 
     return server_error(request, *args, **kwargs)
+
+
+def api_bad_request(request, exception, *args, **kwargs):
+    """handler400: a suspicious request (an unknown Host, a bad multipart boundary) under /api/ answers JSON."""
+    if not request.path.startswith("/api/"):
+        return bad_request(request, exception, *args, **kwargs)
+    if isinstance(exception, DisallowedHost):
+        # The host is not echoed: the client sent it, and the Host header is not the place to learn names.
+        body = {"code": "invalid_host", "detail": "The request's Host header is not one this server answers to "
+                "(ALLOWED_HOSTS)."}
+    else:
+        body = {"code": "bad_request", "detail": "The request is malformed and was refused."}
+    return JsonResponse(body, status=400)
 
 
 class ErrorSerializer(serializers.Serializer):

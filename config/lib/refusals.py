@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from django.core.exceptions import ValidationError
+
 
 class Refusal(Exception):
     status: int = 409
@@ -41,3 +43,11 @@ def required_text(
     if len(text) > limit:
         raise too_long(limit)
     return text
+
+
+class TooLargeInput(ValidationError):
+    """A field error that is a size limit: every door reads it as a ValidationError; the API answers 413."""
+
+    def __init__(self, errors: dict, *, limit: int):
+        super().__init__(errors)
+        self.limit = limit

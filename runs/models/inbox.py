@@ -4,8 +4,11 @@ import uuid
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxLengthValidator
 from django.db import models
 from django.utils import timezone
+
+from config.lib.crypto import EncryptedTextField
 
 
 class SignatureScheme(models.TextChoices):
@@ -15,7 +18,6 @@ class SignatureScheme(models.TextChoices):
     BODY = "body", "body only (the message id must be a field of the body)"
 
 
-
 class WebhookSource(models.Model):
     """A provider allowed to post events to `/api/webhooks/<slug>/`, and what runs for each event."""
 
@@ -23,9 +25,9 @@ class WebhookSource(models.Model):
     name = models.CharField(max_length=200)
     agent_name = models.CharField(max_length=128, help_text="The registered agent that processes each event.")
     owner_id = models.CharField(max_length=128, help_text="The end user the runs act for.")
-    # A shared secret: the HMAC key both sides hold, so it is kept as is (never shown back in
-    # full, never logged, never returned by the API).
-    secret = models.CharField(max_length=255)
+    # A shared secret: the HMAC key both sides hold, so it must be read back; stored encrypted
+    # (config/lib/crypto.py), never shown back, never logged, never returned by the API.
+    secret = EncryptedTextField(validators=[MaxLengthValidator(255)])
     message_id_header = models.CharField(
         max_length=128, blank=True, help_text="The header carrying the provider's message id, e.g. X-Message-Id."
     )

@@ -19,6 +19,8 @@ def web_command(*, host: str, port: int, workers: int = 1) -> list[str]:
     return [
         sys.executable, "-m", "uvicorn", "config.asgi:application",
         "--host", host, "--port", str(port), "--workers", str(workers), "--lifespan", "off",
+        # REMOTE_ADDR stays the TCP peer; a trusted proxy's X-Forwarded-For is read by AXES_PROXY_COUNT alone.
+        "--no-proxy-headers",
     ]
 
 
