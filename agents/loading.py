@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import copy
 import logging
+import os
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -317,9 +319,47 @@ def _package_scripts(name: str) -> tuple[list, dict]:
 def _error_text(exc: BaseException) -> str:
     cause = exc.__cause__ or exc
     text = f"{type(cause).__name__}: {cause}"
+    if isinstance(cause, SystemExit):
+        text = f"SystemExit: the package called sys.exit({cause.code!r}) while being imported"
     if isinstance(cause, SyntaxError) and cause.filename:
         text = f"SyntaxError: {cause.msg} ({cause.filename}, line {cause.lineno})"
     return text
+
+
+# ADK's loader reads a `.env` from each package's folder upwards (to `/`) into the process
+# environment unless this is set; it reads the variable at each load.
+ADK_DOTENV_SWITCH = "ADK_DISABLE_LOAD_DOTENV"
+
+
+@contextlib.contextmanager
+def dotenv_policy(*, load_dotenv: bool) -> Iterator[None]:
+    """ADK's `.env` loading as the deployment says (`AGENTS_LOAD_DOTENV`), for the loads inside.
+
+    Off by default: a `.env` anywhere above a package would otherwise rewrite this process's
+    settings (and those of the web server and workers `serve` starts after loading). The
+    variable is put back as it was, so nothing outside the loads sees a change.
+    """
+    before = os.environ.get(ADK_DOTENV_SWITCH)
+    os.environ[ADK_DOTENV_SWITCH] = "false" if load_dotenv else "true"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ADK_DOTENV_SWITCH, None)
+        else:
+            os.environ[ADK_DOTENV_SWITCH] = before
+
+
+def _import_package(loader: AgentLoader, name: str) -> tuple[Any, str]:
+    """(the loaded agent or App, "") or (None, the error): whatever the package raises at import.
+
+    BaseException, not Exception: a package that calls sys.exit() or raises KeyboardInterrupt
+    while being imported is a broken package, not a reason for the server to stop.
+    """
+    try:
+        return loader.load_agent(name), ""
+    except BaseException as exc:  # noqa: BLE001 - one broken package must not take the others down
+        return None, _error_text(exc)
 
 
 def load_directory(directory: str | Path, *, skip: Iterable[str] = ()) -> list[AgentSpec]:
@@ -337,10 +377,10 @@ def load_directory(directory: str | Path, *, skip: Iterable[str] = ()) -> list[A
                 AgentSpec(name=name, path=package_path, load_error=f"An agent named {name!r} was already loaded from an earlier AGENTS_DIR entry.")
             )
             continue
-        try:
-            loaded = loader.load_agent(name)
-        except Exception as exc:  # noqa: BLE001 - one broken package must not take the others down
-            specs.append(AgentSpec(name=name, path=package_path, load_error=_error_text(exc)))
+        with dotenv_policy(load_dotenv=settings.AGENTS_LOAD_DOTENV):
+            loaded, error = _import_package(loader, name)
+        if error:
+            specs.append(AgentSpec(name=name, path=package_path, load_error=error))
             continue
         script, scripts = _package_scripts(name)
         specs.append(describe(name, loaded, default_script=script, default_scripts=scripts, path=package_path))
