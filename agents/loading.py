@@ -37,6 +37,7 @@ from google.adk.tools.base_toolset import BaseToolset
 from google.adk.tools.mcp_tool.mcp_session_manager import MCPSessionManager
 from google.adk.tools.mcp_tool.mcp_toolset import McpToolset
 
+from agents import redaction
 from agents.effects import effect_of_tool
 from agents.scripted import TRANSFER_TOOL
 
@@ -51,12 +52,20 @@ FUNCTION, MCP, AGENT, BUILTIN, TOOLSET = "function", "mcp", "agent", "builtin", 
 class ToolInfo:
     name: str
     source: str
-    # The MCP server's command line, or the wrapped agent's name.
+    # The MCP server's command line (or URL), or the wrapped agent's name.
     detail: str = ""
     # The tool's effect class (agents.effects): read_only, idempotent or effectful (the default).
     effect: str = "effectful"
     # What an MCP server says about the tool (readOnlyHint, destructiveHint, …).
     annotations: dict = field(default_factory=dict)
+    # Why it has that class: declared, the default, an MCP hint trusted or ignored, ADK's own tool.
+    effect_reason: str = ""
+    # `detail` as people who may not configure agents see it (agents.redaction).
+    public_detail: str = ""
+
+    @property
+    def shown_detail(self) -> str:
+        return self.public_detail or self.detail
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,8 @@ class AgentNode:
     tool_agents: tuple[AgentNode, ...] = ()
     transfer_targets: tuple[str, ...] = ()
     tool_errors: tuple[str, ...] = ()
+    # The same errors without the servers' arguments, URLs or folders (agents.redaction).
+    public_tool_errors: tuple[str, ...] = ()
 
     @property
     def is_llm(self) -> bool:
@@ -146,13 +157,18 @@ def walk_agents(root: BaseAgent) -> Iterator[BaseAgent]:
         yield from walk_agents(child)
 
 
-def mcp_server_command(toolset: Any) -> str:
+def mcp_server_command(toolset: Any, *, public: bool = False) -> str:
+    """The server's command line or URL; `public`: as people who may not configure agents see it."""
     params = getattr(toolset, "_connection_params", None)
     server = getattr(params, "server_params", params)
     command = getattr(server, "command", None)
     if command:
-        return " ".join([str(command), *(str(arg) for arg in getattr(server, "args", None) or [])])
-    return str(getattr(server, "url", "") or type(params).__name__)
+        args = [str(arg) for arg in getattr(server, "args", None) or []]
+        return redaction.public_command(str(command), args) if public else " ".join([str(command), *args])
+    url = str(getattr(server, "url", "") or "")
+    if url:
+        return redaction.public_url(url) if public else url
+    return type(params).__name__
 
 
 def per_run_mcp_toolset(toolset: Any) -> Any:
@@ -185,6 +201,7 @@ def list_mcp_tools(toolset: Any, *, timeout: float) -> list[ToolInfo]:
     first be read from inside a running loop (the ASGI server's, the agent loop).
     """
     command = mcp_server_command(toolset)
+    public = mcp_server_command(toolset, public=True)
 
     async def listing() -> list[ToolInfo]:
         probe = per_run_mcp_toolset(toolset)
@@ -198,12 +215,15 @@ def list_mcp_tools(toolset: Any, *, timeout: float) -> list[ToolInfo]:
         infos = []
         for tool in tools:
             annotations = getattr(getattr(tool, "raw_mcp_tool", None), "annotations", None)
+            effect = effect_of_tool(tool, trusted_servers=settings.MCP_TRUSTED_SERVERS)
             infos.append(
                 ToolInfo(
                     name=tool.name,
                     source=MCP,
                     detail=command,
-                    effect=effect_of_tool(tool, trusted_servers=settings.MCP_TRUSTED_SERVERS).kind,
+                    public_detail=public,
+                    effect=effect.kind,
+                    effect_reason=effect.source,
                     annotations=annotations.model_dump(by_alias=True, exclude_none=True) if annotations else {},
                 )
             )
@@ -214,34 +234,47 @@ def list_mcp_tools(toolset: Any, *, timeout: float) -> list[ToolInfo]:
         return future.result(timeout=timeout + 10)
 
 
-def _describe_tool(tool: Any, *, timeout: float) -> tuple[list[ToolInfo], str]:
+def _effect_info(tool: Any, **fields: Any) -> ToolInfo:
+    effect = effect_of_tool(tool)
+    return ToolInfo(effect=effect.kind, effect_reason=effect.source, **fields)
+
+
+def _describe_tool(tool: Any, *, timeout: float) -> tuple[list[ToolInfo], str, str]:
+    """(the tool's entries, an error or "", the error as people who may not configure agents see it)."""
     if isinstance(tool, AgentTool):
-        return [ToolInfo(name=tool.name, source=AGENT, detail=tool.agent.name)], ""
+        return [ToolInfo(name=tool.name, source=AGENT, detail=tool.agent.name,
+                         effect_reason="an agent used as a tool: effectful, as its own tools may be")], "", ""
     if is_mcp_toolset(tool):
+        command, public = mcp_server_command(tool), mcp_server_command(tool, public=True)
         try:
-            return list_mcp_tools(tool, timeout=timeout), ""
+            return list_mcp_tools(tool, timeout=timeout), "", ""
         except (TimeoutError, concurrent.futures.TimeoutError):
-            return [], f"The MCP server {mcp_server_command(tool)} did not list its tools within {timeout:g} s."
+            error = f"The MCP server {command} did not list its tools within {timeout:g} s."
         except Exception as exc:  # noqa: BLE001 - any failure of a server is reported, not raised
-            return [], f"The MCP server {mcp_server_command(tool)} could not list its tools: {type(exc).__name__}: {exc}"
+            error = f"The MCP server {command} could not list its tools: {type(exc).__name__}: {exc}"
+        return [], error, redaction.public_text(error, replacements={command: public})
     if isinstance(tool, BaseToolset):
-        return [], f"The toolset {type(tool).__name__} is not listed here; its tools are known only when it runs."
+        error = f"The toolset {type(tool).__name__} is not listed here; its tools are known only when it runs."
+        return [], error, error
     if isinstance(tool, BaseTool):
         source = FUNCTION if type(tool).__name__ in ("FunctionTool", "LongRunningFunctionTool") else BUILTIN
-        return [ToolInfo(name=tool.name, source=source, effect=effect_of_tool(tool).kind)], ""
+        return [_effect_info(tool, name=tool.name, source=source)], "", ""
     if callable(tool):
-        return [ToolInfo(name=getattr(tool, "__name__", repr(tool)), source=FUNCTION, effect=effect_of_tool(tool).kind)], ""
-    return [], f"The tool {tool!r} is of an unknown kind."
+        return [_effect_info(tool, name=getattr(tool, "__name__", repr(tool)), source=FUNCTION)], "", ""
+    error = f"The tool {tool!r} is of an unknown kind."
+    return [], error, redaction.public_text(error)
 
 
 def describe_agent(agent: BaseAgent, *, timeout: float) -> AgentNode:
     tools: list[ToolInfo] = []
     errors: list[str] = []
+    public_errors: list[str] = []
     for tool in getattr(agent, "tools", None) or []:
-        infos, error = _describe_tool(tool, timeout=timeout)
+        infos, error, public_error = _describe_tool(tool, timeout=timeout)
         tools.extend(infos)
         if error:
             errors.append(f"{agent.name}: {error}")
+            public_errors.append(f"{agent.name}: {public_error}")
     return AgentNode(
         name=agent.name,
         kind=type(agent).__name__,
@@ -255,6 +288,7 @@ def describe_agent(agent: BaseAgent, *, timeout: float) -> AgentNode:
         ),
         transfer_targets=tuple(target.name for target in _get_transfer_targets(agent)) if isinstance(agent, LlmAgent) else (),
         tool_errors=tuple(errors),
+        public_tool_errors=tuple(public_errors),
     )
 
 

@@ -66,3 +66,149 @@ def test_the_api_lists_a_package_that_exits_at_import_with_the_others(agents_dir
     by_name = {agent["name"]: agent for agent in listed.json()}
     assert "SystemExit" in by_name["exits"]["load_error"]
     assert by_name["desk"]["load_error"] == ""
+
+
+# --- ADK's control tools ------------------------------------------------------------------------------
+
+HANDOFF = '''
+from google.adk.agents import LlmAgent, LoopAgent
+from google.adk.tools import exit_loop, load_memory
+
+from agents.effects import read_only
+
+
+@read_only
+def read_ticket(ticket_id: str) -> dict:
+    """Read a ticket."""
+    return {"ticket_id": ticket_id, "text": "Refund order A-1."}
+
+
+refunds = LlmAgent(name="refunds", model="gemini-2.5-flash", description="Issues refunds.")
+looper = LoopAgent(name="looper", max_iterations=2, sub_agents=[
+    LlmAgent(name="checker", model="gemini-2.5-flash", tools=[exit_loop, load_memory]),
+])
+root_agent = LlmAgent(name="handoff", model="gemini-2.5-flash", tools=[read_ticket], sub_agents=[refunds, looper])
+'''
+
+HANDOFF_SCRIPTS = {
+    "handoff": [
+        {"call": "read_ticket", "args": {"ticket_id": "T-1"}},
+        {"call": "transfer_to_agent", "args": {"agent_name": "refunds"}},
+    ],
+    "refunds": [{"fail": "error", "message": "the model provider is down"}],
+}
+
+
+def test_adks_control_tools_are_read_only_with_their_reason(agents_dir):
+    spec = agents_dir(handoff=HANDOFF)["handoff"]
+    checker = spec.llm_agents["checker"]
+    effects = {tool.name: (tool.effect, tool.effect_reason) for tool in checker.tools}
+    assert effects["exit_loop"][0] == "read_only" and "LoopAgent" in effects["exit_loop"][1]
+    assert effects["load_memory"][0] == "read_only" and "memory" in effects["load_memory"][1]
+
+    from google.adk.tools.transfer_to_agent_tool import TransferToAgentTool
+
+    from agents.effects import effect_of_call_name, effect_of_tool
+
+    assert effect_of_tool(TransferToAgentTool(agent_names=["refunds"])).kind == "read_only"
+    assert effect_of_call_name("adk_request_confirmation").kind == "read_only"
+    assert effect_of_call_name("send_email") is None
+
+
+# Runs execute on the executor's own thread and connection: the rows must be committed.
+@pytest.mark.django_db(transaction=True)
+def test_a_run_that_read_handed_over_and_hit_a_model_error_is_replayed_without_force(agents_dir, alice):
+    from runs import services
+    from runs.models import ToolCall
+
+    agents_dir(handoff=HANDOFF)
+    run = run_now(agent_name="handoff", message="Refund T-1.", params={"scripts": HANDOFF_SCRIPTS}, created_by=alice)
+    assert run.status == "error", run.result
+    calls = list(ToolCall.objects.filter(run=run).order_by("seq").values_list("tool_name", "effect"))
+    assert calls == [("read_ticket", "read_only"), ("transfer_to_agent", "read_only")]
+    replay = services.replay_run(run.run_id, actor=alice)
+    assert replay.replay_of_id == run.run_id
+
+
+# --- What is shown of a tool's source, to whom --------------------------------------------------------
+
+SECRET_MCP = '''
+import os
+import sys
+
+from google.adk.agents import LlmAgent
+from google.adk.tools.mcp_tool import McpToolset, StdioConnectionParams, StreamableHTTPConnectionParams
+from mcp import StdioServerParameters
+
+SERVER = os.environ["LEDGER_TEST_MCP_SERVER"]
+
+root_agent = LlmAgent(
+    name="secret_mcp",
+    model="gemini-2.5-flash",
+    tools=[
+        McpToolset(connection_params=StdioConnectionParams(
+            server_params=StdioServerParameters(
+                command=sys.executable, args=[SERVER, "--api-key=sk-live-123"],
+                env={**os.environ, "TICKETS_TOKEN": "tok-env-999"},
+            ),
+            timeout=20,
+        )),
+        McpToolset(connection_params=StreamableHTTPConnectionParams(
+            url="http://bob:hunter2@127.0.0.1:9/mcp/k-path-secret?token=tok-url-abc", timeout=2,
+        )),
+    ],
+)
+'''
+SECRETS = ("sk-live-123", "tok-env-999", "hunter2", "tok-url-abc", "k-path-secret", "bob:")
+
+
+@pytest.fixture
+def secret_mcp(agents_dir, monkeypatch, tmp_path):
+    from tests.helpers import MCP_SERVER
+
+    monkeypatch.setenv("LEDGER_TEST_MCP_SERVER", str(MCP_SERVER))
+    monkeypatch.setenv("LEDGER_TEST_MCP_STORE", str(tmp_path / "tickets.txt"))
+    monkeypatch.delenv("LEDGER_TEST_MCP_HANG", raising=False)
+    return agents_dir(secret_mcp=SECRET_MCP, broken="import nowhere_to_be_found\n")
+
+
+def _shown(text: str, tmp_path) -> None:
+    for secret in SECRETS:
+        assert secret not in text, secret
+    assert str(tmp_path) not in text
+    assert "/work/" not in text and "/usr/" not in text and "/.venv/" not in text
+
+
+def test_mcp_sources_are_redacted_for_people_who_may_not_configure_agents(secret_mcp, alice, support_agent, tmp_path):
+    from tests.test_agents_dir import api_client
+
+    listed = api_client(alice).get("/api/agents/")
+    assert listed.status_code == 200
+    _shown(listed.content.decode(), tmp_path)
+    body = api_client(alice).get("/api/agents/secret_mcp/").json()
+    details = {tool["detail"] for tool in body["tools"]}
+    assert details == {f"{__import__('sys').executable.rsplit('/', 1)[-1]} mcp_server.py (1 argument hidden)"}
+    assert body["tool_errors"] and "http://127.0.0.1:9/…" in body["tool_errors"][0]
+    assert body["path"].endswith("/secret_mcp") and body["path"].startswith("…/")
+
+    client = __import__("django.test", fromlist=["Client"]).Client()
+    client.force_login(support_agent)
+    page = client.get("/admin/agents-loaded/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    _shown(html, tmp_path)
+    assert "Can configure agents" in html
+
+
+def test_people_who_may_configure_agents_see_the_sources(secret_mcp, bare_staff, tmp_path):
+    from django.contrib.auth.models import Permission
+
+    from tests.test_agents_dir import api_client
+
+    bare_staff.user_permissions.add(Permission.objects.get(codename="configure_agents", content_type__app_label="agents"))
+    staff = type(bare_staff).objects.get(pk=bare_staff.pk)
+    body = api_client(staff).get("/api/agents/secret_mcp/").json()
+    assert any("--api-key=sk-live-123" in tool["detail"] for tool in body["tools"])
+    assert body["path"] == str(tmp_path / "agents" / "secret_mcp")
+    # The environment is passed to the server, never shown, whoever asks.
+    assert "tok-env-999" not in str(body)
