@@ -33,6 +33,7 @@ from google.adk.runners import Runner
 from google.genai import errors as genai_errors
 from google.genai import types
 
+from agents import faults
 from agents.adk import drop_unusable_connection, refresh_orm_thread_connections, run_coroutine, session_service
 from agents.registry import build_agent, build_app, get_agent_spec
 from agents.retrying import EMPTY_TURN, RATE_LIMIT, RetryLog, current_retry_log, is_rate_limit
@@ -43,6 +44,7 @@ from memory.services import remember_events
 from runs import lifecycle, telemetry
 from runs.counters import MODEL_RETRIES
 from runs.effects import EffectsPlugin, effect_in_doubt_of
+from runs.faults import faults_honoured
 from runs.heartbeat import process_heartbeat
 from runs.journal import JournalPlugin, duplicate_call_of
 from runs.models import AgentRun, RunStatus
@@ -144,9 +146,10 @@ def describe_exception(exc: BaseException, plugin: JournalPlugin, retries: Retry
     duplicate = duplicate_call_of(exc)
     if duplicate is not None:
         return Outcome(RunStatus.ERROR, "duplicate_call_id", str(duplicate))
-    tool_error = next((e for e in plugin.tool_errors.values() if e is exc), None)
+    # A fault delivered by a plugin reaches here wrapped by ADK's plugin manager.
+    tool_error = next((e for e in plugin.tool_errors.values() if e is exc or e is exc.__cause__), None)
     if tool_error is not None:
-        return Outcome(RunStatus.ERROR, "tool_failed", f"A tool failed: {type(exc).__name__}: {exc}")
+        return Outcome(RunStatus.ERROR, "tool_failed", f"A tool failed: {type(tool_error).__name__}: {tool_error}")
     if is_rate_limit(exc):
         return Outcome(RunStatus.ERROR, "rate_limited", rate_limit_message(exc, retries))
     if isinstance(exc, genai_errors.APIError | ScriptedModelError):
@@ -213,7 +216,8 @@ async def run_agent(
     """Run the agent for `run` and return its outcome; `on_event` sees every event ADK yields."""
     plugin = JournalPlugin(run.run_id)
     # Journal first, then effects: the effect class is stamped on the event the journal records.
-    plugins = [plugin, EffectsPlugin(run)]
+    # Scripted tool faults sit either side of the effects plugin, at every tool's boundary.
+    plugins = [plugin, *faults.around_effects(EffectsPlugin(run), honoured=await sync_to_async(faults_honoured)(run))]
     retries = retry_log_for(run)
     steps = RunStepRecorder(run.run_id) if run.workflow else None
     # A resumed run continues its original's session: no new user message, an answer for each

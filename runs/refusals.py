@@ -334,3 +334,18 @@ class ConversationMovedOn(ResumeRefused):
 
     status = 409
     code = "conversation_moved_on"
+
+
+# --- Scripted tool faults ------------------------------------------------------------------------
+
+
+class FaultsNotPermitted(Refusal):
+    status = 403
+    code = "faults_not_permitted"
+
+    def __init__(self, placed: list[str]) -> None:
+        super().__init__(
+            f"The script places tool faults ({', '.join(placed)}); placing them needs the permission "
+            "“Can place scripted tool faults” (runs.place_tool_faults), since a crash kills the worker "
+            "and every run in flight on it."
+        )

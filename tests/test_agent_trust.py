@@ -212,3 +212,149 @@ def test_people_who_may_configure_agents_see_the_sources(secret_mcp, bare_staff,
     assert body["path"] == str(tmp_path / "agents" / "secret_mcp")
     # The environment is passed to the server, never shown, whoever asks.
     assert "tok-env-999" not in str(body)
+
+
+# --- Faults on any tool, with the setting and a permission --------------------------------------------
+
+REFUND = {"call": "issue_refund", "args": {"order_id": "A-1", "amount": 5}}
+
+
+def _refunds_script(**fault) -> dict:
+    return {"scripts": {"desk": [{"call": "transfer_to_agent", "args": {"agent_name": "refunds"}}],
+                        "refunds": [dict(REFUND, **fault), {"say": "Refunded."}]}}
+
+
+@pytest.fixture
+def refund_log(agents_dir, tmp_path, monkeypatch):
+    """The desk package with an issue_refund that writes each refund to a file: its effect, for real."""
+    log = tmp_path / "refunds.log"
+    monkeypatch.setenv("DESK_REFUND_LOG", str(log))
+    source = package_source("desk").replace(
+        '''    """Refund part of an order."""
+''',
+        '''    """Refund part of an order."""
+    import os
+    with open(os.environ["DESK_REFUND_LOG"], "a") as log:
+        log.write(f"{order_id} {amount}\\n")
+''',
+    )
+    assert "DESK_REFUND_LOG" in source
+    agents_dir(desk=source)
+    return log
+
+
+# The executor runs the agent on its own thread and connection: rows must be committed.
+@pytest.mark.django_db(transaction=True)
+def test_tool_fails_on_a_packages_own_function_fails_after_its_effect(refund_log, settings, alice):
+    from runs.models import ToolCall
+
+    settings.SCRIPTED_FAULTS_ENABLED = True
+    run = run_now(agent_name="desk", message="Refund A-1.", params=_refunds_script(tool_fails="the bank hung up"),
+                  created_by=alice)
+    assert (run.status, run.error_code) == ("error", "tool_failed"), run.error_message
+    assert "the bank hung up" in run.error_message
+    assert refund_log.read_text() == "A-1 5\n"
+    call = ToolCall.objects.get(run=run, tool_name="issue_refund")
+    assert call.status == "failed" and "the bank hung up" in call.response_summary
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_hang_on_a_packages_own_function_holds_the_call(refund_log, settings, alice):
+    import time
+
+    settings.SCRIPTED_FAULTS_ENABLED = True
+    started = time.monotonic()
+    run = run_now(agent_name="desk", message="Refund A-1.", params=_refunds_script(hang=1.5), created_by=alice)
+    assert run.status == "success", run.error_message
+    assert time.monotonic() - started >= 1.5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_the_permission_faults_are_refused_and_never_honoured(refund_log, settings, alice, bob):
+
+    from runs import services
+    from runs.refusals import FaultsNotPermitted
+    from tests.test_agents_dir import api_client
+
+    settings.SCRIPTED_FAULTS_ENABLED = True
+    settings.SCRIPTS_FROM_USERS_ALLOWED = True
+    refused = api_client(bob).post(
+        "/api/runs/", {"agent": "desk", "message": "Refund", "owner_id": "bob",
+                       "params": _refunds_script(crash="before_effect")}, format="json",
+    )
+    assert refused.status_code == 403, refused.content
+    assert refused.json()["code"] == "faults_not_permitted"
+    with pytest.raises(FaultsNotPermitted):
+        services.start_run(agent_name="desk", message="x", owner_id="bob", params=_refunds_script(hang=1),
+                           created_by=bob, enqueue=False)
+
+    # A run that carries faults anyway (alice's run replayed by bob) plays without them.
+    from runs import executor
+
+    run = services.start_run(agent_name="desk", message="Refund", owner_id="bob",
+                             params=_refunds_script(tool_fails="never"), created_by=alice, enqueue=False)
+    type(run).objects.filter(pk=run.pk).update(created_by=bob)
+    executor.execute(run.run_id)
+    run.refresh_from_db()
+    assert run.status == "success", run.error_message
+    assert refund_log.read_text() == "A-1 5\n"
+
+
+# A real worker process, SIGKILLed by the fault; the test reads its rows from another connection.
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("point, refunded", [("before_effect", ""), ("after_effect", "A-1 5\n")])
+def test_a_crash_on_a_packages_own_function_kills_the_worker_at_that_point(refund_log, settings, point, refunded):
+    import json
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    from runs.models import AgentRun, ToolCall
+    from tests.helpers import BASE_DIR, child_env
+
+    code = textwrap.dedent(f"""
+        import django; django.setup()
+        from runs import executor, services
+        run = services.start_run(agent_name="desk", message="Refund A-1.", owner_id="alice", enqueue=False,
+                                 params={json.dumps(_refunds_script(crash=point))})
+        print(run.run_id, flush=True)
+        executor.execute(run.run_id)
+    """)
+    env = child_env(AGENTS_DIR=",".join(settings.AGENTS_DIR), DESK_REFUND_LOG=str(refund_log))
+    child = subprocess.run([sys.executable, "-c", code], cwd=BASE_DIR, env=env, capture_output=True, text=True,
+                           timeout=180)
+    assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
+    run = AgentRun.objects.get(pk=child.stdout.split()[0])
+    assert run.status == "running"  # for the reconciler: the worker died mid-call
+    assert (refund_log.read_text() if refund_log.exists() else "") == refunded
+    assert ToolCall.objects.get(run=run, tool_name="issue_refund").status == "called"
+
+
+# --- Offline, an agent with nothing to play -------------------------------------------------------------
+
+NO_SCRIPT = '''
+from google.adk.agents import LlmAgent
+
+root_agent = LlmAgent(name="quiet", model="gemini-2.5-flash", description="Has no script.")
+'''
+
+
+def test_an_offline_agent_with_no_script_is_refused_with_a_400(agents_dir, alice, settings):
+    from runs.models import AgentRun
+    from tests.test_agents_dir import api_client
+
+    settings.SCRIPTS_FROM_USERS_ALLOWED = True
+    agents_dir(quiet=NO_SCRIPT)
+    refused = api_client(alice).post("/api/runs/", {"agent": "quiet", "message": "Hello", "owner_id": "jane"},
+                                     format="json")
+    assert refused.status_code == 400, refused.content
+    assert "has no script to play" in refused.json()["errors"]["params"][0]
+    assert "DEFAULT_SCRIPT" in refused.json()["errors"]["params"][0]
+    assert not AgentRun.objects.exists()
+
+    given = api_client(alice).post(
+        "/api/runs/", {"agent": "quiet", "message": "Hello", "owner_id": "jane",
+                       "params": {"script": [{"say": "Hello."}]}}, format="json",
+    )
+    assert given.status_code == 202, given.content
