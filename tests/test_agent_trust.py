@@ -358,3 +358,44 @@ def test_an_offline_agent_with_no_script_is_refused_with_a_400(agents_dir, alice
                        "params": {"script": [{"say": "Hello."}]}}, format="json",
     )
     assert given.status_code == 202, given.content
+
+
+# --- Start-up, and MCP answers ------------------------------------------------------------------------------
+
+
+def test_the_start_up_list_shows_each_agent_of_the_tree_with_its_tools(agents_dir):
+    from io import StringIO
+
+    from runs.management.commands.serve import Command
+
+    agents_dir(desk=package_source("desk"), exits=EXITS_AT_IMPORT)
+    out, err = StringIO(), StringIO()
+    command = Command(stdout=out, stderr=err)
+    command.report_agents()
+    line = next(line for line in out.getvalue().splitlines() if line.startswith("Agent desk:"))
+    assert "desk: lookup_order, summarizer" in line
+    assert "refunds: lookup_order, issue_refund" in line and "carrier_check: check_carrier" in line
+    assert "Agent exits could not be loaded: SystemExit" in err.getvalue()
+
+
+def test_an_mcp_answer_is_journaled_as_the_value_it_carries():
+    import json
+
+    from runs.journal import journal_rows
+
+    run_id = "5f0c5a4e-0000-4000-8000-000000000001"
+
+    def answer(payload: dict) -> str:
+        event = {"custom_metadata": {"run_id": run_id}, "content": {"parts": [
+            {"function_response": {"id": "c1", "name": "read_ticket", "response": payload}}]}}
+        return journal_rows(event)[2][0]["summary"]
+
+    structured = {"content": [{"type": "text", "text": '{"ticket": "T-1", "state": "open"}'}],
+                  "structuredContent": {"ticket": "T-1", "state": "open"}, "isError": False}
+    assert json.loads(answer(structured)) == {"ticket": "T-1", "state": "open"}
+    text_json = {"content": [{"type": "text", "text": '{"ticket": "T-1"}'}], "isError": False}
+    assert json.loads(answer(text_json)) == {"ticket": "T-1"}
+    assert json.loads(answer({"content": [{"type": "text", "text": "no such ticket"}], "isError": True})) == {
+        "error": "no such ticket"}
+    # Anything else is kept as the tool answered.
+    assert json.loads(answer({"content": "mine", "status": "ok"})) == {"content": "mine", "status": "ok"}
