@@ -158,7 +158,7 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
         extra_context = dict(extra_context or {})
         if run is not None and self.has_view_permission(request, run):
             extra_context.update(
-                timeline=timeline.timeline_items(timeline.run_events(run)),
+                timeline=timeline.timeline_items(timeline.run_events(run), error_code=run.error_code),
                 replay_chain=run_page.replay_chain(run),
                 decision=(decision := run_page.decision_now(run)),
                 resume_decision=resume.decide_resume(run),
