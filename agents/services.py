@@ -10,6 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents import redaction, workflows
+from agents.effects import effect_of_call_name
 from agents.models import WorkflowDefinition
 from agents.registry import AGENTS, AgentNode, AgentSpec, ToolInfo, UnknownAgentError, get_agent_spec
 
@@ -156,3 +157,16 @@ def agents_dir_view(*, user: Any) -> list[str]:
     """AGENTS_DIR as the admin shows it: folders by name only to people who may not configure agents."""
     directories = [str(directory) for directory in settings.AGENTS_DIR]
     return directories if can_configure_agents(user) else [redaction.public_text(d) for d in directories]
+
+
+def tool_effect_now(*, agent: str, agent_node: str, tool: str) -> ToolInfo | None:
+    """The tool `tool` of the agent `agent_node` in the package `agent`, as loaded now (or None)."""
+    spec = AGENTS.get(agent)
+    found = None
+    if spec is not None and spec.tree is not None:
+        node = next((node for node in spec.tree.walk() if node.name == (agent_node or spec.tree.name)), None)
+        found = next((info for info in node.tools if info.name == tool), None) if node is not None else None
+    if found is None and (control := effect_of_call_name(tool)) is not None:
+        # ADK's own calls (a transfer, a confirmation request) are on no agent's list of tools.
+        return ToolInfo(name=tool, source="builtin", effect=control.kind, effect_reason=control.source)
+    return found

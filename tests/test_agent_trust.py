@@ -117,7 +117,7 @@ def test_adks_control_tools_are_read_only_with_their_reason(agents_dir):
 
 # Runs execute on the executor's own thread and connection: the rows must be committed.
 @pytest.mark.django_db(transaction=True)
-def test_a_run_that_read_handed_over_and_hit_a_model_error_is_replayed_without_force(agents_dir, alice):
+def test_a_run_that_read_handed_over_and_hit_a_model_error_is_replayed_without_force(agents_dir, alice, admin_client):
     from runs import services
     from runs.models import ToolCall
 
@@ -128,6 +128,10 @@ def test_a_run_that_read_handed_over_and_hit_a_model_error_is_replayed_without_f
     assert calls == [("read_ticket", "read_only"), ("transfer_to_agent", "read_only")]
     replay = services.replay_run(run.run_id, actor=alice)
     assert replay.replay_of_id == run.run_id
+    # The run page's journal says why each call has its class.
+    html = admin_client.get(f"/admin/runs/agentrun/{run.run_id}/change/").content.decode()
+    assert "read_only — ADK&#x27;s hand-off between agents: it acts on nothing outside" in html
+    assert "read_only — declared where the tool is written" in html
 
 
 # --- What is shown of a tool's source, to whom --------------------------------------------------------

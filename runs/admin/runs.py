@@ -8,6 +8,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
+from agents import services as agent_services
 from config.lib.admin import (
     CappedCountPaginator,
     ObjectButton,
@@ -33,13 +34,23 @@ class ToolCallInline(ReadOnlyAdminMixin, admin.TabularInline):
     can_delete = False
     ordering = ["seq"]
 
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("run")
+
     @admin.display(description="in doubt")
     def doubt(self, call: ToolCall) -> str:
         return "yes: called, never answered" if call.in_doubt else ""
 
     @admin.display(description="effect")
     def effect_class(self, call: ToolCall) -> str:
-        return call.effect or "effectful (not known at call time)"
+        if not call.effect:
+            return "effectful (not known at call time)"
+        # Why, when the tool as loaded now still has the class it had at call time (an MCP hint
+        # ignored because its server is not trusted, a declaration, ADK's own tool…).
+        now = agent_services.tool_effect_now(agent=call.run.agent_name, agent_node=call.agent_name, tool=call.tool_name)
+        if now is not None and now.effect == call.effect and now.effect_reason:
+            return f"{call.effect} — {now.effect_reason}"
+        return call.effect
 
     @admin.display(description="settled")
     def settlement(self, call: ToolCall) -> str:
