@@ -1,7 +1,6 @@
 import json
 
 from django import forms
-from django.conf import settings
 from django.contrib import admin
 from django.db import models
 from django.forms.fields import InvalidJSONInput
@@ -107,13 +106,14 @@ LOADED_AGENTS_URL_NAME = "agents_loaded"
 
 
 def loaded_agents_page(request):
-    agents = services.agent_views()
+    agents = services.agent_views(user=request.user)
     context = {
         **admin.site.each_context(request),
         "title": "Loaded agents",
         "agents": agents,
         "broken": sum(1 for agent in agents if agent["load_error"]),
-        "agents_dir": settings.AGENTS_DIR,
+        "agents_dir": services.agents_dir_view(user=request.user),
+        "sources_redacted": not services.can_configure_agents(request.user),
     }
     return TemplateResponse(request, "admin/agents/loaded_agents.html", context)
 

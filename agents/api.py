@@ -129,10 +129,18 @@ class AgentToolSerializer(serializers.Serializer):
         help_text="function: a Python function; mcp: a tool of an MCP server; agent: an agent wrapped as a tool; "
         "builtin: an ADK tool the ledger knows (e.g. preload_memory).",
     )
-    detail = serializers.CharField(help_text="The MCP server's command line, or the wrapped agent's name.")
+    detail = serializers.CharField(
+        help_text="The MCP server's command line or URL, or the wrapped agent's name. Without "
+        "agents.configure_agents, a server is shown redacted: the program and script names, the URL's scheme "
+        "and host; never its other arguments, environment, credentials or folders."
+    )
     effect = serializers.ChoiceField(
         choices=["read_only", "idempotent", "effectful"],
         help_text="read_only (touches nothing), idempotent (deduplicated by a key from stable intent) or effectful.",
+    )
+    effect_reason = serializers.CharField(
+        help_text="Why the tool has that class: declared, the default, an MCP hint trusted or ignored (a server "
+        "not in MCP_TRUSTED_SERVERS), one of ADK's own control tools."
     )
     annotations = serializers.DictField(help_text="What an MCP server says of the tool (readOnlyHint, …).")
 
@@ -156,8 +164,13 @@ AgentNodeSerializer._declared_fields["tool_agents"] = AgentNodeSerializer(
 class AgentSerializer(serializers.Serializer):
     name = serializers.CharField(help_text="The package's folder name.")
     description = serializers.CharField()
-    path = serializers.CharField(help_text="Where the package was loaded from.")
-    load_error = serializers.CharField(help_text="Why the package could not be loaded (empty when it runs).")
+    path = serializers.CharField(
+        help_text="Where the package was loaded from (its folders hidden without agents.configure_agents)."
+    )
+    load_error = serializers.CharField(
+        help_text="Why the package could not be loaded (empty when it runs); paths and URLs in it are redacted "
+        "without agents.configure_agents."
+    )
     tool_errors = serializers.ListField(child=serializers.CharField())
     tools = AgentToolSerializer(many=True, help_text="The root agent's tools.")
     has_default_script = serializers.BooleanField(help_text="Whether the package offers the offline model a script.")
@@ -176,10 +189,10 @@ class AgentViewSet(viewsets.ViewSet):
     lookup_value_regex = "[^/]+"
 
     def list(self, request):
-        return Response(AgentSerializer(services.agent_views(), many=True).data)
+        return Response(AgentSerializer(services.agent_views(user=request.user), many=True).data)
 
     def retrieve(self, request, name: str):
-        view = services.find_agent_view(name)
+        view = services.find_agent_view(name, user=request.user)
         if view is None:
             raise NotFound(f"There is no agent named {name!r}.")
         return Response(AgentSerializer(view).data)

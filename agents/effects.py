@@ -35,6 +35,8 @@ IDEMPOTENT = "idempotent"
 EFFECTFUL = "effectful"
 EFFECT_CLASSES = (READ_ONLY, IDEMPOTENT, EFFECTFUL)
 
+DECLARED = "declared where the tool is written"
+
 # The attribute the decorators set on the function (and that a package may set by hand).
 ATTRIBUTE = "agent_ledger_effect"
 
@@ -56,8 +58,8 @@ class Effect:
     kind: str = EFFECTFUL
     key: KeySpec | None = None
     stable: tuple[str, ...] = ()
-    # Where the class came from, for people: "declared", "default", "mcp hint (trusted: …)".
-    source: str = "default"
+    # Why the tool has this class, for people (the API and the admin show it beside the class).
+    source: str = "not declared: effectful, the default"
     # An idempotent tool the ledger can deduplicate (an MCP server's hint has no key: the server
     # promises that the same arguments have no new effect, and the ledger cannot do better).
     keyed: bool = field(default=False)
@@ -95,7 +97,7 @@ def _names(names: str | Iterable[str], what: str) -> tuple[str, ...]:
 
 def read_only(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Declare that `fn` touches nothing in the world."""
-    setattr(fn, ATTRIBUTE, Effect(READ_ONLY, source="declared"))
+    setattr(fn, ATTRIBUTE, Effect(READ_ONLY, source=DECLARED))
     return fn
 
 
@@ -109,7 +111,7 @@ def idempotent(
         raise EffectDeclarationError("An argument is either part of the key or a stable field, not both.")
 
     def declare(fn: Callable[..., Any]) -> Callable[..., Any]:
-        setattr(fn, ATTRIBUTE, Effect(IDEMPOTENT, key=key_spec, stable=stable_names, source="declared", keyed=True))
+        setattr(fn, ATTRIBUTE, Effect(IDEMPOTENT, key=key_spec, stable=stable_names, source=DECLARED, keyed=True))
         return fn
 
     return declare
@@ -120,7 +122,7 @@ def effect_of_function(fn: Any) -> Effect:
     if isinstance(declared, Effect):
         return declared
     if isinstance(declared, str) and declared in (READ_ONLY, EFFECTFUL):
-        return Effect(declared, source="declared")
+        return Effect(declared, source=DECLARED)
     return Effect()
 
 
@@ -165,25 +167,65 @@ def _annotation(annotations: Any, snake: str, camel: str) -> bool:
     return getattr(annotations, snake, getattr(annotations, camel, None)) is True
 
 
+MCP_HINTS = (("read_only_hint", "readOnlyHint"), ("idempotent_hint", "idempotentHint"))
+
+
 def effect_of_mcp_tool(tool: Any, *, trusted_servers: Collection[str]) -> Effect:
     """An MCP tool's hints count only when its server is one the deployment trusts."""
     raw = getattr(tool, "raw_mcp_tool", None)
     annotations = getattr(raw, "annotations", None)
     names = mcp_server_names(tool)
     trusted = sorted(names & set(trusted_servers))
+    hints = [camel for snake, camel in MCP_HINTS if _annotation(annotations, snake, camel)]
     if not trusted:
-        hinted = _annotation(annotations, "read_only_hint", "readOnlyHint")
-        return Effect(source="mcp server not trusted (hints ignored)" if hinted else "default")
-    source = f"mcp hint (trusted: {trusted[0]})"
+        if hints:
+            return Effect(source=f"the server's {' and '.join(hints)} ignored: the server is not in MCP_TRUSTED_SERVERS")
+        return Effect(source="an MCP server's tool with no readOnlyHint or idempotentHint: effectful, the default")
     if _annotation(annotations, "read_only_hint", "readOnlyHint"):
-        return Effect(READ_ONLY, source=source)
+        return Effect(READ_ONLY, source="readOnlyHint of a server in MCP_TRUSTED_SERVERS")
     if _annotation(annotations, "idempotent_hint", "idempotentHint"):
-        return Effect(IDEMPOTENT, source=source)
-    return Effect(source=source)
+        return Effect(IDEMPOTENT, source="idempotentHint of a server in MCP_TRUSTED_SERVERS")
+    return Effect(source="a server in MCP_TRUSTED_SERVERS that gives no readOnlyHint or idempotentHint")
 
 
 # ADK's own tools that only read the agent's long-term memory (by class name: no ADK import here).
 READ_ONLY_BUILTINS = frozenset({"PreloadMemoryTool", "LoadMemoryTool", "PreloadMemoryOncePerInvocation"})
+MEMORY_READ = "ADK's memory read: it only reads the agent's long-term memory"
+
+# ADK's control tools act on the run, never on the world: a hand-off between agents, leaving a
+# loop, asking the user (a confirmation, a credential, an answer) and waiting. Keyed by the module
+# that defines the function (a package's own function of the same name is not one of them) and
+# by ADK's class name.
+CONTROL_FUNCTIONS = {
+    "google.adk.tools.transfer_to_agent_tool": "ADK's hand-off between agents: it acts on nothing outside",
+    "google.adk.tools.exit_loop_tool": "ADK's exit from a LoopAgent: it acts on nothing outside",
+    "google.adk.tools.get_user_choice_tool": "ADK's question to the user: it waits and acts on nothing outside",
+    "google.adk.tools._request_input_tool": "ADK's question to the user: it waits and acts on nothing outside",
+    "google.adk.tools.load_memory_tool": MEMORY_READ,
+    "google.adk.tools.preload_memory_tool": MEMORY_READ,
+}
+CONTROL_CLASSES = {"TransferToAgentTool": CONTROL_FUNCTIONS["google.adk.tools.transfer_to_agent_tool"]}
+# Calls ADK writes into a run's events that no tool of the agent answers: a transfer (the tool is
+# added by ADK's flow, not held by the agent) and the confirmation and long-running plumbing.
+CONTROL_CALL_NAMES = {
+    "transfer_to_agent": CONTROL_FUNCTIONS["google.adk.tools.transfer_to_agent_tool"],
+    "adk_request_confirmation": "ADK's request for a person's confirmation: it waits and acts on nothing outside",
+    "adk_request_credential": "ADK's request for the user's credential: it waits and acts on nothing outside",
+    "adk_request_input": "ADK's question to the user: it waits and acts on nothing outside",
+}
+
+
+def effect_of_call_name(name: str) -> Effect | None:
+    """The effect of a call ADK itself makes (no tool of the agent behind it), or None."""
+    reason = CONTROL_CALL_NAMES.get(name)
+    return Effect(READ_ONLY, source=reason) if reason else None
+
+
+def _control_effect(tool: Any) -> Effect | None:
+    reason = CONTROL_CLASSES.get(type(tool).__name__)
+    func = getattr(tool, "func", tool)
+    reason = reason or CONTROL_FUNCTIONS.get(getattr(func, "__module__", None) or "")
+    return Effect(READ_ONLY, source=reason) if reason else None
 
 
 def effect_of_tool(tool: Any, *, trusted_servers: Collection[str] = ()) -> Effect:
@@ -196,11 +238,14 @@ def effect_of_tool(tool: Any, *, trusted_servers: Collection[str] = ()) -> Effec
     declared = getattr(tool, ATTRIBUTE, None)
     if declared is not None:
         return effect_of_function(tool)
+    control = _control_effect(tool)
+    if control is not None:
+        return control
+    if type(tool).__name__ in READ_ONLY_BUILTINS:
+        return Effect(kind=READ_ONLY, source=MEMORY_READ)
     func = getattr(tool, "func", None)
     if func is not None:
         return effect_of_function(func)
-    if type(tool).__name__ in READ_ONLY_BUILTINS:
-        return Effect(kind=READ_ONLY, source="ADK built-in that only reads memory")
     return Effect()
 
 

@@ -1,8 +1,19 @@
-"""Tool faults requested by the scripted model, delivered to the tool it calls.
+"""Tool faults requested by the scripted model, delivered at the tool boundary of any tool.
 
-The scripted model arms a fault under the function call id it emits; the tool looks it up by
-`tool_context.function_call_id` and fails for real: it raises after doing its effect, hangs, or
-kills its own process with SIGKILL (no `finally`, no response) before or after the effect.
+The scripted model arms a fault under the function call id it emits. Two plugins around the
+effects plugin deliver it to whatever tool the call reaches (a package's own function, an MCP
+server's tool, a bundled tool), for real: the process kills itself with SIGKILL (no `finally`, no
+response) before the tool acts or after it acted, the call hangs, or it fails after its effect.
+
+    [..., ToolFaultsAfter, EffectsPlugin, ToolFaultsBefore]
+
+ADK runs plugins' before-tool callbacks in order, then the tool, then their after-tool callbacks
+in the same order, so "before" runs once the effect record is claimed (as if the tool died as it
+began) and "after" runs before the record is marked done (as if it died just after acting). A
+call answered without running its tool (served from its effect record) gets no fault.
+
+Faults are honoured only where the deployment allows them (SCRIPTED_FAULTS_ENABLED) and the run's
+creator may place them (`runs.place_tool_faults`); otherwise an armed fault is taken and dropped.
 """
 
 import asyncio
@@ -13,6 +24,7 @@ import threading
 from typing import Any
 
 from django.conf import settings
+from google.adk.plugins.base_plugin import BasePlugin
 
 from config.lib.process import is_web_process
 
@@ -83,3 +95,64 @@ async def after_effect(fault: dict) -> None:
         _kill_self()
     if fault.get("tool_fails"):
         raise ScriptedToolError(fault["tool_fails"])
+
+
+class _Stage:
+    """What the two plugins of one run share: the faults taken for calls whose tool runs."""
+
+    def __init__(self, *, honoured: bool) -> None:
+        self.honoured = honoured
+        self.taken: dict[str, dict] = {}
+        self.ran: set[str] = set()
+
+
+class ToolFaultsAfter(BasePlugin):
+    """Placed before the effects plugin: takes each call's fault; after the tool, crash or fail."""
+
+    def __init__(self, stage: _Stage) -> None:
+        super().__init__(name="agent_ledger_tool_faults_after")
+        self.stage = stage
+
+    async def before_tool_callback(self, *, tool, tool_args, tool_context):
+        call_id = tool_context.function_call_id or ""
+        fault = take(call_id)
+        if fault and self.stage.honoured:
+            self.stage.taken[call_id] = fault
+        return None
+
+    async def after_tool_callback(self, *, tool, tool_args, tool_context, result):
+        call_id = tool_context.function_call_id or ""
+        fault = self.stage.taken.pop(call_id, {})
+        if call_id not in self.stage.ran:
+            return None  # answered without running the tool: nothing befell it
+        self.stage.ran.discard(call_id)
+        try:
+            await after_effect(fault)
+        except ScriptedToolError as error:
+            # As if the tool itself had raised: every plugin hears of it (the journal marks the
+            # call failed, the effect record keeps the error) before the run fails with it.
+            await tool_context._invocation_context.plugin_manager.run_on_tool_error_callback(
+                tool=tool, tool_args=tool_args, tool_context=tool_context, error=error
+            )
+            raise
+        return None
+
+
+class ToolFaultsBefore(BasePlugin):
+    """Placed after the effects plugin: reached only when the tool is about to run; hang or crash."""
+
+    def __init__(self, stage: _Stage) -> None:
+        super().__init__(name="agent_ledger_tool_faults_before")
+        self.stage = stage
+
+    async def before_tool_callback(self, *, tool, tool_args, tool_context):
+        call_id = tool_context.function_call_id or ""
+        self.stage.ran.add(call_id)
+        await before_effect(self.stage.taken.get(call_id, {}))
+        return None
+
+
+def around_effects(effects_plugin: BasePlugin, *, honoured: bool) -> list[BasePlugin]:
+    """The effects plugin with the fault plugins either side (see the module's docstring)."""
+    stage = _Stage(honoured=honoured)
+    return [ToolFaultsAfter(stage), effects_plugin, ToolFaultsBefore(stage)]

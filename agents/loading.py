@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import copy
 import logging
+import os
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -33,6 +35,7 @@ from google.adk.tools.agent_tool import AgentTool
 from google.adk.tools.base_tool import BaseTool
 from google.adk.tools.base_toolset import BaseToolset
 
+from agents import redaction
 from agents.effects import effect_of_tool
 from agents.scripted import TRANSFER_TOOL
 
@@ -47,12 +50,20 @@ FUNCTION, MCP, AGENT, BUILTIN, TOOLSET = "function", "mcp", "agent", "builtin", 
 class ToolInfo:
     name: str
     source: str
-    # The MCP server's command line, or the wrapped agent's name.
+    # The MCP server's command line (or URL), or the wrapped agent's name.
     detail: str = ""
     # The tool's effect class (agents.effects): read_only, idempotent or effectful (the default).
     effect: str = "effectful"
     # What an MCP server says about the tool (readOnlyHint, destructiveHint, …).
     annotations: dict = field(default_factory=dict)
+    # Why it has that class: declared, the default, an MCP hint trusted or ignored, ADK's own tool.
+    effect_reason: str = ""
+    # `detail` as people who may not configure agents see it (agents.redaction).
+    public_detail: str = ""
+
+    @property
+    def shown_detail(self) -> str:
+        return self.public_detail or self.detail
 
 
 @dataclass(frozen=True)
@@ -68,6 +79,8 @@ class AgentNode:
     tool_agents: tuple[AgentNode, ...] = ()
     transfer_targets: tuple[str, ...] = ()
     tool_errors: tuple[str, ...] = ()
+    # The same errors without the servers' arguments, URLs or folders (agents.redaction).
+    public_tool_errors: tuple[str, ...] = ()
 
     @property
     def is_llm(self) -> bool:
@@ -142,13 +155,18 @@ def walk_agents(root: BaseAgent) -> Iterator[BaseAgent]:
         yield from walk_agents(child)
 
 
-def mcp_server_command(toolset: Any) -> str:
+def mcp_server_command(toolset: Any, *, public: bool = False) -> str:
+    """The server's command line or URL; `public`: as people who may not configure agents see it."""
     params = getattr(toolset, "_connection_params", None)
     server = getattr(params, "server_params", params)
     command = getattr(server, "command", None)
     if command:
-        return " ".join([str(command), *(str(arg) for arg in getattr(server, "args", None) or [])])
-    return str(getattr(server, "url", "") or type(params).__name__)
+        args = [str(arg) for arg in getattr(server, "args", None) or []]
+        return redaction.public_command(str(command), args) if public else " ".join([str(command), *args])
+    url = str(getattr(server, "url", "") or "")
+    if url:
+        return redaction.public_url(url) if public else url
+    return type(params).__name__
 
 
 def per_run_mcp_toolset(toolset: Any) -> Any:
@@ -189,6 +207,7 @@ def list_mcp_tools(toolset: Any, *, timeout: float) -> list[ToolInfo]:
     first be read from inside a running loop (the ASGI server's, the agent loop).
     """
     command = mcp_server_command(toolset)
+    public = mcp_server_command(toolset, public=True)
 
     async def listing() -> list[ToolInfo]:
         probe = per_run_mcp_toolset(toolset)
@@ -202,12 +221,15 @@ def list_mcp_tools(toolset: Any, *, timeout: float) -> list[ToolInfo]:
         infos = []
         for tool in tools:
             annotations = getattr(getattr(tool, "raw_mcp_tool", None), "annotations", None)
+            effect = effect_of_tool(tool, trusted_servers=settings.MCP_TRUSTED_SERVERS)
             infos.append(
                 ToolInfo(
                     name=tool.name,
                     source=MCP,
                     detail=command,
-                    effect=effect_of_tool(tool, trusted_servers=settings.MCP_TRUSTED_SERVERS).kind,
+                    public_detail=public,
+                    effect=effect.kind,
+                    effect_reason=effect.source,
                     annotations=annotations.model_dump(by_alias=True, exclude_none=True) if annotations else {},
                 )
             )
@@ -218,34 +240,47 @@ def list_mcp_tools(toolset: Any, *, timeout: float) -> list[ToolInfo]:
         return future.result(timeout=timeout + 10)
 
 
-def _describe_tool(tool: Any, *, timeout: float) -> tuple[list[ToolInfo], str]:
+def _effect_info(tool: Any, **fields: Any) -> ToolInfo:
+    effect = effect_of_tool(tool)
+    return ToolInfo(effect=effect.kind, effect_reason=effect.source, **fields)
+
+
+def _describe_tool(tool: Any, *, timeout: float) -> tuple[list[ToolInfo], str, str]:
+    """(the tool's entries, an error or "", the error as people who may not configure agents see it)."""
     if isinstance(tool, AgentTool):
-        return [ToolInfo(name=tool.name, source=AGENT, detail=tool.agent.name)], ""
+        return [ToolInfo(name=tool.name, source=AGENT, detail=tool.agent.name,
+                         effect_reason="an agent used as a tool: effectful, as its own tools may be")], "", ""
     if is_mcp_toolset(tool):
+        command, public = mcp_server_command(tool), mcp_server_command(tool, public=True)
         try:
-            return list_mcp_tools(tool, timeout=timeout), ""
+            return list_mcp_tools(tool, timeout=timeout), "", ""
         except (TimeoutError, concurrent.futures.TimeoutError):
-            return [], f"The MCP server {mcp_server_command(tool)} did not list its tools within {timeout:g} s."
+            error = f"The MCP server {command} did not list its tools within {timeout:g} s."
         except Exception as exc:  # noqa: BLE001 - any failure of a server is reported, not raised
-            return [], f"The MCP server {mcp_server_command(tool)} could not list its tools: {type(exc).__name__}: {exc}"
+            error = f"The MCP server {command} could not list its tools: {type(exc).__name__}: {exc}"
+        return [], error, redaction.public_text(error, replacements={command: public})
     if isinstance(tool, BaseToolset):
-        return [], f"The toolset {type(tool).__name__} is not listed here; its tools are known only when it runs."
+        error = f"The toolset {type(tool).__name__} is not listed here; its tools are known only when it runs."
+        return [], error, error
     if isinstance(tool, BaseTool):
         source = FUNCTION if type(tool).__name__ in ("FunctionTool", "LongRunningFunctionTool") else BUILTIN
-        return [ToolInfo(name=tool.name, source=source, effect=effect_of_tool(tool).kind)], ""
+        return [_effect_info(tool, name=tool.name, source=source)], "", ""
     if callable(tool):
-        return [ToolInfo(name=getattr(tool, "__name__", repr(tool)), source=FUNCTION, effect=effect_of_tool(tool).kind)], ""
-    return [], f"The tool {tool!r} is of an unknown kind."
+        return [_effect_info(tool, name=getattr(tool, "__name__", repr(tool)), source=FUNCTION)], "", ""
+    error = f"The tool {tool!r} is of an unknown kind."
+    return [], error, redaction.public_text(error)
 
 
 def describe_agent(agent: BaseAgent, *, timeout: float) -> AgentNode:
     tools: list[ToolInfo] = []
     errors: list[str] = []
+    public_errors: list[str] = []
     for tool in getattr(agent, "tools", None) or []:
-        infos, error = _describe_tool(tool, timeout=timeout)
+        infos, error, public_error = _describe_tool(tool, timeout=timeout)
         tools.extend(infos)
         if error:
             errors.append(f"{agent.name}: {error}")
+            public_errors.append(f"{agent.name}: {public_error}")
     return AgentNode(
         name=agent.name,
         kind=type(agent).__name__,
@@ -259,6 +294,7 @@ def describe_agent(agent: BaseAgent, *, timeout: float) -> AgentNode:
         ),
         transfer_targets=tuple(target.name for target in _get_transfer_targets(agent)) if isinstance(agent, LlmAgent) else (),
         tool_errors=tuple(errors),
+        public_tool_errors=tuple(public_errors),
     )
 
 
@@ -323,9 +359,47 @@ def _package_scripts(name: str) -> tuple[list, dict]:
 def _error_text(exc: BaseException) -> str:
     cause = exc.__cause__ or exc
     text = f"{type(cause).__name__}: {cause}"
+    if isinstance(cause, SystemExit):
+        text = f"SystemExit: the package called sys.exit({cause.code!r}) while being imported"
     if isinstance(cause, SyntaxError) and cause.filename:
         text = f"SyntaxError: {cause.msg} ({cause.filename}, line {cause.lineno})"
     return text
+
+
+# ADK's loader reads a `.env` from each package's folder upwards (to `/`) into the process
+# environment unless this is set; it reads the variable at each load.
+ADK_DOTENV_SWITCH = "ADK_DISABLE_LOAD_DOTENV"
+
+
+@contextlib.contextmanager
+def dotenv_policy(*, load_dotenv: bool) -> Iterator[None]:
+    """ADK's `.env` loading as the deployment says (`AGENTS_LOAD_DOTENV`), for the loads inside.
+
+    Off by default: a `.env` anywhere above a package would otherwise rewrite this process's
+    settings (and those of the web server and workers `serve` starts after loading). The
+    variable is put back as it was, so nothing outside the loads sees a change.
+    """
+    before = os.environ.get(ADK_DOTENV_SWITCH)
+    os.environ[ADK_DOTENV_SWITCH] = "false" if load_dotenv else "true"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ADK_DOTENV_SWITCH, None)
+        else:
+            os.environ[ADK_DOTENV_SWITCH] = before
+
+
+def _import_package(loader: AgentLoader, name: str) -> tuple[Any, str]:
+    """(the loaded agent or App, "") or (None, the error): whatever the package raises at import.
+
+    BaseException, not Exception: a package that calls sys.exit() or raises KeyboardInterrupt
+    while being imported is a broken package, not a reason for the server to stop.
+    """
+    try:
+        return loader.load_agent(name), ""
+    except BaseException as exc:  # noqa: BLE001 - one broken package must not take the others down
+        return None, _error_text(exc)
 
 
 def load_directory(directory: str | Path, *, skip: Iterable[str] = ()) -> list[AgentSpec]:
@@ -343,10 +417,10 @@ def load_directory(directory: str | Path, *, skip: Iterable[str] = ()) -> list[A
                 AgentSpec(name=name, path=package_path, load_error=f"An agent named {name!r} was already loaded from an earlier AGENTS_DIR entry.")
             )
             continue
-        try:
-            loaded = loader.load_agent(name)
-        except Exception as exc:  # noqa: BLE001 - one broken package must not take the others down
-            specs.append(AgentSpec(name=name, path=package_path, load_error=_error_text(exc)))
+        with dotenv_policy(load_dotenv=settings.AGENTS_LOAD_DOTENV):
+            loaded, error = _import_package(loader, name)
+        if error:
+            specs.append(AgentSpec(name=name, path=package_path, load_error=error))
             continue
         script, scripts = _package_scripts(name)
         specs.append(describe(name, loaded, default_script=script, default_scripts=scripts, path=package_path))

@@ -191,3 +191,19 @@ class WorkflowDefinition(models.Model):
         from agents.services import check_workflow
 
         self.name, self.graph = check_workflow(name=self.name, graph=self.graph, instance_pk=self.pk)
+
+
+class AgentPackage(models.Model):
+    """No table: the agent packages live in AGENTS_DIR. Here for its permission.
+
+    `configure_agents` is the right to see what a package's tools are made of (MCP command lines
+    and URLs, paths, the text of load errors); everyone else sees them redacted
+    (agents.redaction), since a command line or a URL can carry a secret.
+    """
+
+    class Meta:
+        managed = False
+        default_permissions = ()
+        permissions = [
+            ("configure_agents", "Can configure agents (see MCP command lines, URLs and paths unredacted)"),
+        ]

@@ -130,6 +130,23 @@ def validate_agent_script(node: AgentNode, script: Any, *, faults_enabled: bool 
     )
 
 
+def refuse_nothing_to_play(spec: AgentSpec, params: dict) -> None:
+    """Offline, an agent with no script would answer at once that it has nothing to add: refused.
+
+    The root needs a script when it has a model (it speaks first); a root without one (a
+    Sequential/Parallel/Loop agent) needs one for at least one agent of its tree.
+    """
+    scripts = run_scripts(spec, params)
+    root = spec.tree
+    if root is None or (scripts.get(root.name) if root.is_llm else any(scripts.values())):
+        return
+    raise ScriptError(
+        f"The agent {spec.name!r} has no script to play: the offline scripted model (AGENT_MODEL=scripted) "
+        f"plays one per run. Give params.script (or params.scripts by agent name), add DEFAULT_SCRIPT to "
+        f"the package, or set GOOGLE_API_KEY to run its own model."
+    )
+
+
 def validate_params(spec: AgentSpec, params: dict) -> None:
     """Raise ScriptError (a ValueError) naming `params.script…` if the run's scripts cannot be played.
 
@@ -165,6 +182,7 @@ def validate_params(spec: AgentSpec, params: dict) -> None:
                 validate_agent_script(node, script)
             except ScriptError as exc:
                 raise ScriptError(f"params.scripts.{agent_name}: {exc}") from None
+    refuse_nothing_to_play(spec, params)
     scripts = {"params.script": params.get("script")}
     if isinstance(params.get("scripts"), dict):
         scripts.update({f"params.scripts.{name}": script for name, script in params["scripts"].items()})

@@ -9,7 +9,6 @@ from django.conf import settings
 from django.core.mail import send_mail
 from google.adk.tools import ToolContext
 
-from agents import faults
 from agents.effects import idempotent, read_only
 from agents.models import CrmNote, Customer, OutboxEmail
 
@@ -41,12 +40,9 @@ async def send_email(to: str, subject: str, body: str, tool_context: ToolContext
       subject: The subject line.
       body: The plain-text body.
     """
-    fault = faults.take(tool_context.function_call_id)
-    await faults.before_effect(fault)
     email = await sync_to_async(_send)(
         _run_id(tool_context), tool_context.function_call_id or "", to, subject, body
     )
-    await faults.after_effect(fault)
     return {"status": "sent", "message_id": f"outbox-{email.pk}", "to": to}
 
 
@@ -59,15 +55,12 @@ async def update_crm(contact_id: str, note: str, tool_context: ToolContext) -> d
       contact_id: The CRM contact id, e.g. "C-1001".
       note: The note to append.
     """
-    fault = faults.take(tool_context.function_call_id)
-    await faults.before_effect(fault)
     crm_note = await CrmNote.objects.acreate(
         run_id=_run_id(tool_context),
         call_id=tool_context.function_call_id or "",
         contact_id=contact_id,
         note=note,
     )
-    await faults.after_effect(fault)
     return {"status": "noted", "note_id": crm_note.pk, "contact_id": contact_id}
 
 
@@ -78,10 +71,7 @@ async def lookup_customer(email: str, tool_context: ToolContext) -> dict:
     Args:
       email: The customer's email address.
     """
-    fault = faults.take(tool_context.function_call_id)
-    await faults.before_effect(fault)
     customer = await Customer.objects.filter(email__iexact=email).afirst()
-    await faults.after_effect(fault)
     if customer is None:
         return {"found": False, "email": email}
     return {

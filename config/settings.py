@@ -306,6 +306,9 @@ if RUN_STALE_AFTER_SECONDS <= RUN_HEARTBEAT_SECONDS * 2:
 # Agent packages in `adk web`'s layout (<dir>/<name>/agent.py, …), comma-separated; the first
 # directory that has a name wins. They are imported on first use, never at settings import.
 AGENTS_DIR = env_list("AGENTS_DIR", [str(BASE_DIR / "agents" / "bundled")])
+# ADK's loader would read a `.env` from each package's folder upwards (to `/`) into the process
+# environment, so a file planted above a package could rewrite this deployment: off unless asked.
+AGENTS_LOAD_DOTENV = env_bool("AGENTS_LOAD_DOTENV", False)
 # How long listing one MCP server's tools may take when the agents are loaded.
 AGENT_TOOL_LISTING_TIMEOUT_SECONDS = env_float("AGENT_TOOL_LISTING_TIMEOUT_SECONDS", 20.0, minimum=1)
 

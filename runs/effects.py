@@ -35,7 +35,7 @@ from django.db import transaction
 from django.utils import timezone
 from google.adk.plugins.base_plugin import BasePlugin
 
-from agents.effects import IDEMPOTENT, KeyArgumentMissing, effect_of_tool, tool_name
+from agents.effects import IDEMPOTENT, KeyArgumentMissing, effect_of_call_name, effect_of_tool, tool_name
 from config.lib.refusals import required_text
 from config.lib.text import hidden_character
 from runs import chain, permissions, reconcile, visibility
@@ -268,6 +268,12 @@ class EffectsPlugin(BasePlugin):
             return None
         tools = _tools_of_author(invocation_context, event.author)
         stamped = {call.id: self.effect_of(tools[call.name]).kind for call in calls if call.id and call.name in tools}
+        # ADK's own calls (a transfer, a confirmation request) have no tool on the agent to read.
+        stamped.update({
+            call.id: control.kind
+            for call in calls
+            if call.id and call.id not in stamped and (control := effect_of_call_name(call.name or ""))
+        })
         if stamped:
             # Stored with the event, in the same transaction as its journal rows.
             event.custom_metadata = {**(event.custom_metadata or {}), EFFECTS_METADATA_KEY: stamped}

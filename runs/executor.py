@@ -31,6 +31,7 @@ from google.adk.events.event import Event
 from google.adk.runners import Runner
 from google.genai import types
 
+from agents import faults
 from agents.adk import drop_unusable_connection, refresh_orm_thread_connections, run_coroutine, session_service
 from agents.registry import build_agent, build_app, get_agent_spec
 from agents.retrying import RetryLog, current_retry_log
@@ -40,6 +41,7 @@ from memory.services import remember_events
 from runs import lifecycle, outcomes, telemetry
 from runs.counters import MODEL_RETRIES
 from runs.effects import EffectsPlugin
+from runs.faults import faults_honoured
 from runs.heartbeat import process_heartbeat
 from runs.journal import JournalPlugin
 from runs.models import AgentRun, RunStatus
@@ -155,7 +157,8 @@ async def run_agent(
     """Run the agent for `run` and return its outcome; `on_event` sees every event ADK yields."""
     plugin = JournalPlugin(run.run_id)
     # Journal first, then effects: the effect class is stamped on the event the journal records.
-    plugins = [plugin, EffectsPlugin(run)]
+    # Scripted tool faults sit either side of the effects plugin, at every tool's boundary.
+    plugins = [plugin, *faults.around_effects(EffectsPlugin(run), honoured=await sync_to_async(faults_honoured)(run))]
     retries = retry_log_for(run)
     steps = RunStepRecorder(run.run_id) if run.workflow else None
     # A resumed run continues its original's session: no new user message, an answer for each

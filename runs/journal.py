@@ -31,6 +31,7 @@ from google.adk.sessions.schemas.v1 import StorageEvent
 from sqlalchemy import event as sqlalchemy_event
 from sqlalchemy import text
 
+from agents.mcp_answers import readable_answer
 from agents.models import AdkEvent
 from runs.models import AgentRun, ToolCall, ToolCallStatus
 
@@ -155,7 +156,8 @@ def journal_rows(event_data: dict) -> tuple[uuid.UUID | None, list[dict], list[d
             {
                 "call_id": response.get("id") or "",
                 "status": ToolCallStatus.FAILED if aborted else ToolCallStatus.ANSWERED,
-                "summary": "aborted before it answered" if aborted else summarize(payload),
+                # An MCP answer is shown as the value it carries, not as JSON inside a string.
+                "summary": "aborted before it answered" if aborted else summarize(readable_answer(payload)),
                 "answered_at": now,
             }
         )

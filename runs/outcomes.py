@@ -69,9 +69,10 @@ def describe_exception(exc: BaseException, plugin: JournalPlugin, retries: Retry
     duplicate = duplicate_call_of(exc)
     if duplicate is not None:
         return Outcome(RunStatus.ERROR, "duplicate_call_id", str(duplicate))
-    tool_error = next((e for e in plugin.tool_errors.values() if e is exc), None)
+    # A fault delivered by a plugin reaches here wrapped by ADK's plugin manager.
+    tool_error = next((e for e in plugin.tool_errors.values() if e is exc or e is exc.__cause__), None)
     if tool_error is not None:
-        return Outcome(RunStatus.ERROR, "tool_failed", f"A tool failed: {type(exc).__name__}: {exc}")
+        return Outcome(RunStatus.ERROR, "tool_failed", f"A tool failed: {type(tool_error).__name__}: {tool_error}")
     if is_rate_limit(exc):
         return Outcome(RunStatus.ERROR, "rate_limited", rate_limit_message(exc, retries))
     if isinstance(exc, genai_errors.APIError | ScriptedModelError):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import date, datetime, time, timedelta
 
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.db.models.functions import TruncHour
@@ -214,11 +214,18 @@ def oldest_in_flight() -> AgentRun | None:
     return min(found, key=lambda run: run.created_at, default=None)
 
 
-def runs_per_hour(*, now: datetime, days: int = CHART_DAYS) -> list[Bucket]:
-    """Runs created per hour over the last `days` days, by status; one grouped query on the
-    (created_at, status) index, every hour present (empty ones too) so the chart has no gaps."""
+def first_local_day(*, now: datetime, days: int = CHART_DAYS) -> datetime:
+    """Local midnight (TIME_ZONE) `days - 1` days before today's: the day chart's first day."""
+    today = timezone.localtime(now).date() - timedelta(days=days - 1)
+    return timezone.make_aware(datetime.combine(today, time.min))
+
+
+def runs_per_hour(*, now: datetime, days: int = CHART_DAYS, start: datetime | None = None) -> list[Bucket]:
+    """Runs created per hour from `start` (default: the last `days` days) to now's hour, by status;
+    one grouped query on the (created_at, status) index, every hour present (empty ones too) so
+    the chart has no gaps."""
     end = now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
-    start = end - timedelta(days=days)
+    start = end - timedelta(days=days) if start is None else start
     rows = (
         AgentRun.objects.filter(created_at__gte=start, created_at__lt=end)
         .annotate(hour=TruncHour("created_at"))
@@ -230,20 +237,23 @@ def runs_per_hour(*, now: datetime, days: int = CHART_DAYS) -> list[Bucket]:
     by_hour: dict[datetime, dict[str, int]] = {}
     for row in rows:
         by_hour.setdefault(row["hour"], {})[row["status"]] = row["n"]
-    hours = [start + timedelta(hours=i) for i in range(days * 24)]
+    hours = [start + timedelta(hours=i) for i in range(int((end - start).total_seconds() // 3600))]
     return [Bucket(hour, by_hour.get(hour, {})) for hour in hours]
 
 
 def per_day(hourly: list[Bucket]) -> list[Bucket]:
-    days: list[Bucket] = []
-    for index in range(0, len(hourly), 24):
-        chunk = hourly[index : index + 24]
-        counts: dict[str, int] = {}
-        for bucket in chunk:
-            for status, n in bucket.counts.items():
-                counts[status] = counts.get(status, 0) + n
-        days.append(Bucket(chunk[0].start, counts))
-    return days
+    """The hours summed by local day (TIME_ZONE), each day labelled by its local midnight: today's
+    runs are today's, however far the time zone is from UTC."""
+    days: dict[date, Bucket] = {}
+    for bucket in hourly:
+        local = timezone.localtime(bucket.start)
+        day = days.get(local.date())
+        if day is None:
+            midnight = timezone.make_aware(datetime.combine(local.date(), time.min))
+            day = days[local.date()] = Bucket(midnight, {})
+        for status, n in bucket.counts.items():
+            day.counts[status] = day.counts.get(status, 0) + n
+    return list(days.values())
 
 
 def build_overview(*, now: datetime | None = None, inbox: bool = True, schedules: bool = True) -> Overview:
@@ -261,7 +271,8 @@ def build_overview(*, now: datetime | None = None, inbox: bool = True, schedules
         skipped = capped_count(
             ScheduleFiring.objects.filter(outcome=FiringOutcome.SKIPPED, fired_at__gte=now - RECENT)
         )
-    hourly = runs_per_hour(now=now)
+    # From the first local day's midnight: at least 6 × 24 hours, and the last 24 are the hour chart.
+    hourly = runs_per_hour(now=now, start=first_local_day(now=now))
     return Overview(
         awaiting={
             CallsInDoubt.code: capped_count(awaiting_calls_in_doubt(runs)),

@@ -386,3 +386,18 @@ ALREADY_CONTINUED: tuple[type[ReplayRefused], ...] = (RunSucceeded, AlreadyRepla
 def said_in_order(refusals: tuple[type[Refusal], ...]) -> str:
     """An order as the API's descriptions say it: 409 `run_in_flight`, 409 `replay_in_flight`, …"""
     return ", ".join(f"{refusal.status} `{refusal.code}`" for refusal in refusals)
+
+
+# --- Scripted tool faults ------------------------------------------------------------------------
+
+
+class FaultsNotPermitted(Refusal):
+    status = 403
+    code = "faults_not_permitted"
+
+    def __init__(self, placed: list[str]) -> None:
+        super().__init__(
+            f"The script places tool faults ({', '.join(placed)}); placing them needs the permission "
+            "“Can place scripted tool faults” (runs.place_tool_faults), since a crash kills the worker "
+            "and every run in flight on it."
+        )

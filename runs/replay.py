@@ -221,7 +221,7 @@ def _refusal_without_force(run: AgentRun, facts: ReplayFacts) -> ReplayRefused |
         if not acting:
             return None  # every call read only (or known not to act again): harmless to repeat
         return ToolsCalled(f"This run already called {', '.join(acting)} before failing: a replay would call "
-            "them again.",
+            f"{'them' if len(acting) > 1 else 'it'} again.",
             tools=acting,
         )
     if run.tools_executed is None:

@@ -33,6 +33,7 @@ from runs import lifecycle, permissions, quotas, reconcile, visibility
 from runs import replay as rules
 from runs import resume as resume_rules
 from runs.counters import REPLAY_REFUSALS
+from runs.faults import check_may_place_faults
 from runs.models import AgentRun, Conversation, EffectsChoice, RunStatus, Trigger
 from runs.refusals import (
     ReasonRequired,
@@ -224,6 +225,7 @@ def start_run(
         raise ValidationError(errors)
     if created_by is not None:
         permissions.check_may_act_for_owner(user=created_by, owner_id=cleaned["owner_id"])
+        check_may_place_faults(user=created_by, params=cleaned["params"])
     target = cleaned["agent"]
     config: dict[str, Any] = {"message": cleaned["message"], "params": cleaned["params"]}
     if isinstance(target, dict):

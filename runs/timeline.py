@@ -79,8 +79,25 @@ def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
 
 
-def timeline_items(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One line per thing that happened, for the admin's timeline (arguments as readable JSON)."""
+# ADK words every abort as the client's ("Invocation was aborted by client."); the ledger knows who
+# stopped the run, from its outcome.
+STOPPED_BY = {
+    "worker_shutdown": "the worker shut down",
+    "cancelled": "the run was cancelled",
+    "timeout": "the run hit its time limit",
+    "client_disconnected": "the chat client disconnected",
+}
+
+
+def stopped_by(error_code: str) -> str:
+    return STOPPED_BY.get(error_code, "the run was stopped")
+
+
+def timeline_items(events: list[dict[str, Any]], *, error_code: str = "") -> list[dict[str, Any]]:
+    """One line per thing that happened, for the admin's timeline (arguments as readable JSON).
+
+    `error_code` is the run's outcome: an abort is said as what stopped the run."""
+    reason = stopped_by(error_code)
     items: list[dict[str, Any]] = []
     for event in events:
         at = event["timestamp"]
@@ -101,12 +118,15 @@ def timeline_items(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
                           "data": _pretty(call["args"])})
         for response in event["function_responses"]:
             if response["aborted"]:
-                items.append({"kind": "aborted", "at": at, "title": f"{response['name']} was stopped before it answered",
-                              "call_id": response["id"], "data": _pretty(response["response"])})
+                items.append({"kind": "aborted", "at": at,
+                              "title": f"{response['name']} was stopped before it answered: {reason}",
+                              "call_id": response["id"], "data": ""})
             else:
                 items.append({"kind": "response", "at": at, "title": f"{response['name']} answered",
                               "call_id": response["id"], "data": _pretty(response["response"])})
-        if event["error_code"]:
+        if event["error_code"] == "INVOCATION_ABORTED":
+            items.append({"kind": "aborted", "at": at, "title": "Stopped", "text": f"Aborted: {reason}."})
+        elif event["error_code"]:
             items.append({"kind": "error", "at": at, "title": f"Error {event['error_code']}",
                           "text": event["error_message"]})
     return items

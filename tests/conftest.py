@@ -114,9 +114,10 @@ def no_worker(monkeypatch):
 
 @pytest.fixture
 def alice(django_user_model):
-    """An internal tool's account: starts runs for its end users (runs.act_for_any_owner) and sees its own."""
+    """An internal tool's account: starts runs for its end users (runs.act_for_any_owner) and sees its own;
+    its test suites place scripted tool faults (runs.place_tool_faults)."""
     user = django_user_model.objects.create_user("alice", password="alice-pass-123")
-    user.user_permissions.add(Permission.objects.get(codename="act_for_any_owner"))
+    user.user_permissions.add(*Permission.objects.filter(codename__in=["act_for_any_owner", "place_tool_faults"]))
     return user
 
 

@@ -72,7 +72,8 @@ def test_the_list_shows_what_support_needs(sam):
     AgentRun.objects.filter(pk=replay.pk).update(replay_of=failed)
 
     html = page(sam.get(CHANGELIST))
-    for column in ("status", "agent", "trigger", "owner", "tools called", "attempts", "replay of", "latest replay"):
+    for column in ("status", "agent", "trigger", "owner", "tools called", "attempts", "created", "error",
+                   "replays / resumes", "replay of", "replayed by"):
         assert column in html.lower()
     assert "send_email, update_crm" in html
     assert "lookup_customer ×2, send_email" in html  # each tool once, in first-call order

@@ -263,7 +263,10 @@ def test_the_api_lists_loaded_agents_with_their_tree(desk, alice):
     body = client.get("/api/agents/desk/").json()
     assert body["description"] == "Routes a customer's request to refunds or research."
     assert body["load_error"] == "" and body["has_default_script"] is True
-    assert body["tools"][1] == {"name": "summarizer", "source": "agent", "detail": "summarizer", "effect": "effectful", "annotations": {}}
+    assert body["tools"][1] == {
+        "name": "summarizer", "source": "agent", "detail": "summarizer", "effect": "effectful",
+        "effect_reason": "an agent used as a tool: effectful, as its own tools may be", "annotations": {},
+    }
     tree = body["tree"]
     assert [child["name"] for child in tree["sub_agents"]] == ["refunds", "research"]
     assert [child["name"] for child in tree["sub_agents"][1]["sub_agents"]] == ["carrier_check", "ledger_check"]

@@ -216,7 +216,7 @@ def test_tools_called_names_only_the_calls_that_may_act_word_for_word():
     refusal = rules.decide(failed, force=False).refusal
     assert isinstance(refusal, ToolsCalled)
     assert refusal.detail == (
-        f"This run already called send_email before failing: a replay would call them again. {API_HINT}"
+        f"This run already called send_email before failing: a replay would call it again. {API_HINT}"
     )
     assert refusal.context["tools"] == ["send_email"]
 

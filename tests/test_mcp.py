@@ -53,10 +53,14 @@ def test_mcp_tools_are_listed_with_their_server_and_hints(mcp_desk, alice):
     assert tools["read_ticket"].annotations == {"readOnlyHint": True}
     assert tools["close_ticket"].annotations == {"readOnlyHint": False, "destructiveHint": False, "idempotentHint": False}
 
+    # alice may not configure agents: she sees the program and the script, not their folders.
+    shown = f"{os.path.basename(sys.executable)} mcp_server.py"
     body = api_client(alice).get("/api/agents/mcp_desk/").json()
     assert {(t["name"], t["source"], t["detail"]) for t in body["tools"]} == {
-        ("read_ticket", "mcp", command), ("close_ticket", "mcp", command),
+        ("read_ticket", "mcp", shown), ("close_ticket", "mcp", shown),
     }
+    reasons = {t["name"]: t["effect_reason"] for t in body["tools"]}
+    assert reasons["read_ticket"] == "the server's readOnlyHint ignored: the server is not in MCP_TRUSTED_SERVERS"
 
 
 def test_an_mcp_agent_runs_under_the_ledger_with_its_calls_journaled(mcp_desk, mcp_env):

@@ -12,6 +12,7 @@ import threading
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth.models import Permission
 from django.db import connection
 from django.test import Client
 from django.utils import timezone
@@ -295,6 +296,9 @@ def button_form(html: str, button_id: str) -> dict:
 
 @db
 def test_the_resume_button_confirms_with_the_preview_then_opens_the_resume(support_agent, admin_user):
+    # sam's own run, whose script places a fault: that needs runs.place_tool_faults.
+    support_agent.user_permissions.add(Permission.objects.get(codename="place_tool_faults"))
+    support_agent = type(support_agent).objects.get(pk=support_agent.pk)
     original = run_now(params=script_params(dict(SEND_EMAIL, tool_fails="SMTP timeout"), SAY_DONE),
                        created_by=support_agent, owner_id=support_agent.username)
     call = original.tool_calls.get()

@@ -103,7 +103,8 @@ def force_replay_rows(runs) -> list[dict]:
                 "tools": called_tools(run),
                 "journal": journal_rows(run),
                 "blocked": forced.refusal.admin_detail if forced.refusal is not None else "",
-                "overrides": forced.overridden.admin_detail if forced.overridden is not None else "",
+                # The reason alone: this page is where "Use “Force replay…”" would send them.
+                "overrides": forced.overridden.sentence if forced.overridden is not None else "",
             }
         )
     return rows

@@ -30,7 +30,7 @@ def live_context(run: AgentRun) -> dict:
         "heartbeat_age": heartbeat_age,
         "live_calls": list(run.tool_calls.order_by("seq")),
         "live_steps": list(run.steps.order_by("seq")) if run.workflow else [],
-        "live_timeline": timeline.timeline_items(timeline.run_events(run)),
+        "live_timeline": timeline.timeline_items(timeline.run_events(run), error_code=run.error_code),
     }
 
 

@@ -5,8 +5,10 @@ from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.db.models import OuterRef, Subquery
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
+from agents import services as agent_services
 from config.lib.admin import (
     CappedCountPaginator,
     ObjectButton,
@@ -32,13 +34,23 @@ class ToolCallInline(ReadOnlyAdminMixin, admin.TabularInline):
     can_delete = False
     ordering = ["seq"]
 
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("run")
+
     @admin.display(description="in doubt")
     def doubt(self, call: ToolCall) -> str:
         return "yes: called, never answered" if call.in_doubt else ""
 
     @admin.display(description="effect")
     def effect_class(self, call: ToolCall) -> str:
-        return call.effect or "effectful (not known at call time)"
+        if not call.effect:
+            return "effectful (not known at call time)"
+        # Why, when the tool as loaded now still has the class it had at call time (an MCP hint
+        # ignored because its server is not trusted, a declaration, ADK's own tool…).
+        now = agent_services.tool_effect_now(agent=call.run.agent_name, agent_node=call.agent_name, tool=call.tool_name)
+        if now is not None and now.effect == call.effect and now.effect_reason:
+            return f"{call.effect} — {now.effect_reason}"
+        return call.effect
 
     @admin.display(description="settled")
     def settlement(self, call: ToolCall) -> str:
@@ -59,10 +71,10 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
         "owner_id",
         "tools_called",
         "attempts",
-        "created_at",
+        "created",
         "duration",
-        "replay_of_link",
-        "latest_replay_link",
+        "error_code_label",
+        "lineage",
     ]
     list_display_links = ["short_id"]
     list_filter = ["status", "trigger", AgentFilter, ToolsStateFilter, StaleRunningFilter, DeskFilter]
@@ -113,6 +125,11 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
         latest_replay = AgentRun.objects.filter(replay_of=OuterRef("pk")).order_by("-created_at").values("pk")[:1]
         return super().get_queryset(request).annotate(latest_replay_id=Subquery(latest_replay))
 
+    def changelist_view(self, request, extra_context=None):
+        # The list's eleven columns and its filters need the width the navigation sidebar would take
+        # (the breadcrumbs still lead back): at 1400 px every column shows, none behind a scroll bar.
+        return super().changelist_view(request, {"is_nav_sidebar_enabled": False, **(extra_context or {})})
+
     def has_force_replay_permission(self, request, obj=None):
         return permissions.may_force_replay(user=request.user)
 
@@ -158,7 +175,7 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
         extra_context = dict(extra_context or {})
         if run is not None and self.has_view_permission(request, run):
             extra_context.update(
-                timeline=timeline.timeline_items(timeline.run_events(run)),
+                timeline=timeline.timeline_items(timeline.run_events(run), error_code=run.error_code),
                 replay_chain=run_page.replay_chain(run),
                 decision=(decision := run_page.decision_now(run)),
                 resume_decision=resume.decide_resume(run),
@@ -203,6 +220,30 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
             return "—"
         seconds = (run.finished_at - run.started_at).total_seconds()
         return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, run: AgentRun) -> str:
+        # One line at any width: the date and minute in the desk's time zone, the seconds on hover.
+        local = timezone.localtime(run.created_at)
+        return format_html('<span class="nowrap" title="{}">{}</span>', local.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                           local.strftime("%Y-%m-%d %H:%M"))
+
+    @admin.display(description="error", ordering="error_code")
+    def error_code_label(self, run: AgentRun) -> str:
+        return run.error_code or "—"
+
+    @admin.display(description="replays / resumes")
+    def lineage(self, run: AgentRun) -> str:
+        """Where the run comes from and what came of it, in one column: replay of, replayed by, resume of."""
+        parts = []
+        if run.replay_of_id is not None:
+            parts.append(format_html("replay of {}", self.replay_of_link(run)))
+        if getattr(run, "latest_replay_id", None) is not None:
+            parts.append(format_html("replayed by {}", self.latest_replay_link(run)))
+        if run.resume_of_id is not None:
+            url = reverse("admin:runs_agentrun_change", args=[run.resume_of_id])
+            parts.append(format_html('resume of <a href="{}">{}</a>', url, str(run.resume_of_id)[:8]))
+        return format_html_join(format_html("<br>"), "{}", ((part,) for part in parts)) if parts else "—"
 
     @admin.display(description="replay of", ordering="replay_of")
     def replay_of_link(self, run: AgentRun) -> str:

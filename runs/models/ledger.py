@@ -153,6 +153,8 @@ class AgentRun(models.Model):
             ("replay_agentrun", "Can replay another user's run"),
             ("cancel_agentrun", "Can cancel another user's run"),
             ("act_for_any_owner", "Can start runs, chat and read memory for any owner"),
+            # A crash fault kills the worker and every run in flight on it (runs.faults).
+            ("place_tool_faults", "Can place scripted tool faults (crash, hang, tool_fails)"),
         ]
         constraints = [
             # The database's own guarantee that an inbox event never has two runs in flight,

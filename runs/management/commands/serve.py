@@ -24,6 +24,14 @@ def web_command(*, host: str, port: int, workers: int = 1) -> list[str]:
     ]
 
 
+def agent_tools_line(spec) -> str:
+    """Every agent of the tree with its tools: `desk: lookup_order, summarizer; refunds: issue_refund`."""
+    nodes = list(spec.tree.walk()) if spec.tree is not None else []
+    if len(nodes) <= 1:
+        return ", ".join(spec.tool_names) or "no tools"
+    return "; ".join(f"{node.name}: {', '.join(tool.name for tool in node.tools) or 'no tools'}" for node in nodes)
+
+
 class Command(BaseCommand):
     help = (
         "Serve the app (ASGI, uvicorn) and its django-q2 worker together until Ctrl-C. "
@@ -56,7 +64,7 @@ class Command(BaseCommand):
             if spec.load_error:
                 self.stderr.write(self.style.ERROR(f"Agent {name} could not be loaded: {spec.load_error}"))
             else:
-                self.stdout.write(f"Agent {name}: {', '.join(spec.tool_names) or 'no tools'}")
+                self.stdout.write(f"Agent {name}: {agent_tools_line(spec)}")
             for error in spec.tool_errors:
                 self.stderr.write(self.style.WARNING(f"Agent {name}: {error}"))
 
