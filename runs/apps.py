@@ -13,10 +13,15 @@ class RunsConfig(AppConfig):
         # Each worker process of a django-q2 cluster keeps many runs in flight (runs.worker).
         from django_q.signals import post_spawn
 
+        from agents.session_store import install_append_fence
         from runs import (
             journal,  # noqa: F401
+            leases,
             worker,
         )
+
+        # An event of a run is stored only while its attempt still holds the run.
+        install_append_fence(leases.EventFence())
 
         post_spawn.connect(worker.on_worker_spawned, dispatch_uid="runs.worker.on_worker_spawned")
 

@@ -58,6 +58,9 @@ class AgentRun(models.Model):
 
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
     attempts = models.PositiveIntegerField(default=0)
+    # The attempt that holds the run: a fresh id written by each claim. Every write made on
+    # behalf of the run is conditional on the run still being running under it (runs.leases).
+    lease = models.UUIDField(null=True, blank=True, editable=False)
     error_code = models.CharField(max_length=64, blank=True)
     error_message = models.TextField(blank=True)
     tools_executed = models.JSONField(
