@@ -21,3 +21,6 @@ LEASE_REFUSALS = prometheus_client.Counter(
     "by kind of write.",
     ["write"],
 )
+RECOVERIES = prometheus_client.Counter(
+    "agentledger_recoveries", "Runs that died and that this process continued as a resume, without a person."
+)
