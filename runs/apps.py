@@ -15,6 +15,7 @@ class RunsConfig(AppConfig):
 
         from agents.session_store import install_append_fence
         from runs import (
+            deaths,
             journal,  # noqa: F401
             leases,
             worker,
@@ -22,6 +23,8 @@ class RunsConfig(AppConfig):
 
         # An event of a run is stored only while its attempt still holds the run.
         install_append_fence(leases.EventFence())
+        # A cluster's sentinel reconciles (and recovers) a dead worker's runs at once.
+        deaths.watch_worker_deaths()
 
         post_spawn.connect(worker.on_worker_spawned, dispatch_uid="runs.worker.on_worker_spawned")
 
