@@ -78,6 +78,7 @@ bench: $(VENV)/.bench-installed
 	$(PY) bench/workflow_steps.py --runs 60 --warmup 5 --block 5
 	$(PY) bench/webhook_throughput.py
 	$(PY) bench/concurrency.py --runs 500 --latency 1 --serial-runs 20
+	$(PY) bench/recovery.py --kills 20 --lost-machine 2
 	$(PY) bench/report.py --markdown $(BENCH_REPORT)
 
 # Every benchmark at its smallest size, so none can rot unseen (CI runs this on PostgreSQL). The

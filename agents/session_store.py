@@ -39,8 +39,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from google.adk.errors._stale_session_error import StaleSessionError
 from google.adk.errors.already_exists_error import AlreadyExistsError
@@ -59,11 +60,12 @@ from google.adk.sessions.migration import _schema_check_utils
 from google.adk.sessions.schemas.shared import timestamp_to_utc_datetime, utc_datetime_to_timestamp
 from google.adk.sessions.schemas.v1 import StorageAppState, StorageEvent, StorageSession, StorageUserState
 from google.adk.sessions.session import Session
-from sqlalchemy import Table, and_, bindparam, exists, inspect, select, update
+from sqlalchemy import Table, and_, bindparam, exists, inspect, literal_column, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.sql.elements import ColumnElement, TextClause
 from sqlalchemy.util import greenlet_spawn
 
 logger = logging.getLogger(__name__)
@@ -120,6 +122,59 @@ def _claim_then_insert(claim: Any) -> Any:
 
 _APPEND = _claim_then_insert(_CLAIM)
 _APPEND_AND_MERGE = _claim_then_insert(_CLAIM_AND_MERGE)
+
+
+class AppendFence(Protocol):
+    """A condition an event must meet to be stored, checked in the append's own statement.
+
+    The ledger installs one (`runs.leases.EventFence`): an event of a run is stored only while
+    the attempt that wrote it still holds the run. This module knows no runs: the fence says which
+    events it guards (`params`, None for the others), the SQL that must hold (`condition`, binding
+    `k_fence_*` parameters) and what a refused event raises (`refused`).
+    """
+
+    def condition(self, dialect: str) -> ColumnElement[bool] | TextClause: ...
+
+    def params(self, event: Event) -> dict[str, Any] | None: ...
+
+    def refused(self, event: Event) -> BaseException: ...
+
+
+@dataclass(frozen=True)
+class _Fenced:
+    fence: AppendFence
+    append: Any
+    append_and_merge: Any
+    claim_returning_state: Any
+    holds: Any
+
+
+_fences: dict[str, _Fenced] = {}
+_installed: list[AppendFence] = []
+
+
+def install_append_fence(fence: AppendFence) -> None:
+    """Guard every later append with `fence` (statements built once per dialect, on first use)."""
+    _installed[:] = [fence]
+    _fences.clear()
+
+
+def _fenced(dialect: str) -> _Fenced | None:
+    if not _installed:
+        return None
+    built = _fences.get(dialect)
+    if built is None or built.fence is not _installed[0]:
+        fence = _installed[0]
+        condition = fence.condition(dialect)
+        built = _Fenced(
+            fence=fence,
+            append=_claim_then_insert(_CLAIM.where(condition)),
+            append_and_merge=_claim_then_insert(_CLAIM_AND_MERGE.where(condition)),
+            claim_returning_state=_CLAIM_RETURNING_STATE.where(condition),
+            holds=select(literal_column("1")).where(condition),
+        )
+        _fences[dialect] = built
+    return built
 _APP_STATE_OF = select(_APP_STATES.c.state).where(_APP_STATES.c.app_name == bindparam("k_app"))
 _USER_STATE_OF = select(_USER_STATES.c.state).where(
     _USER_STATES.c.app_name == bindparam("k_app"), _USER_STATES.c.user_id == bindparam("k_user")
@@ -271,7 +326,9 @@ class SessionStore(DatabaseSessionService):
             row = StorageEvent.from_event(session, event)
 
             def append(conn: Connection) -> None:
-                self._append(conn, session=session, row=row, deltas=deltas, expected=expected, revision=revision)
+                self._append(
+                    conn, session=session, event=event, row=row, deltas=deltas, expected=expected, revision=revision
+                )
 
             try:
                 await self._in_one_greenlet(append)
@@ -293,6 +350,7 @@ class SessionStore(DatabaseSessionService):
         conn: Connection,
         *,
         session: Session,
+        event: Event,
         row: StorageEvent,
         deltas: dict[str, dict[str, Any]],
         expected: datetime,
@@ -301,9 +359,18 @@ class SessionStore(DatabaseSessionService):
         key = _key(session)
         claim = {**key, "k_expected": expected, "k_revision": revision}
         session_delta = deltas["session"]
+        fenced = _fenced(self._dialect)
+        fence_params = fenced.fence.params(event) if fenced is not None else None
+        if fence_params is None:
+            fenced = None
+        else:
+            claim.update(fence_params)
         with conn.begin():
             if self._dialect == _POSTGRESQL:
-                statement = _APPEND_AND_MERGE if session_delta else _APPEND
+                if fenced is not None:
+                    statement = fenced.append_and_merge if session_delta else fenced.append
+                else:
+                    statement = _APPEND_AND_MERGE if session_delta else _APPEND
                 if session_delta:
                     claim["k_delta"] = session_delta
 
@@ -312,11 +379,12 @@ class SessionStore(DatabaseSessionService):
                     return conn.execute(statement, params).first() is not None
 
                 if not _insert_event_row(conn, row, insert=claim_and_insert):
-                    self._raise_lost_race(conn, session)
+                    self._raise_lost_race(conn, session, event=event, fenced=fenced, claim=claim)
             else:
-                stored = conn.execute(_CLAIM_RETURNING_STATE, claim).first()
+                claim_statement = fenced.claim_returning_state if fenced is not None else _CLAIM_RETURNING_STATE
+                stored = conn.execute(claim_statement, claim).first()
                 if stored is None:
-                    self._raise_lost_race(conn, session)
+                    self._raise_lost_race(conn, session, event=event, fenced=fenced, claim=claim)
                 # The UPDATE above took SQLite's write lock: nobody can change the state in between.
                 if session_delta:
                     conn.execute(_SET_SESSION_STATE, {**key, "k_state": {**(stored.state or {}), **session_delta}})
@@ -333,8 +401,18 @@ class SessionStore(DatabaseSessionService):
                 self._merge_state_row(conn, _USER_STATES, keys, deltas["user"], revision)
 
     @staticmethod
-    def _raise_lost_race(conn: Connection, session: Session) -> None:
-        # Only a lost compare-and-set pays for this read: was the session advanced, or is it gone?
+    def _raise_lost_race(
+        conn: Connection,
+        session: Session,
+        *,
+        event: Event | None = None,
+        fenced: _Fenced | None = None,
+        claim: dict[str, Any] | None = None,
+    ) -> None:
+        # Only a lost compare-and-set pays for these reads: was the event fenced off, the session
+        # advanced, or is it gone?
+        if fenced is not None and event is not None and conn.execute(fenced.holds, claim).first() is None:
+            raise fenced.fence.refused(event)
         if not conn.execute(_SESSION_EXISTS, _key(session)).scalar():
             raise SessionNotFoundError(f"Session {session.id} not found.")
         raise StaleSessionError(_STALE_SESSION_ERROR_MESSAGE)

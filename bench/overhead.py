@@ -210,6 +210,7 @@ def measure(args: argparse.Namespace) -> None:
         "stock": "ADK DatabaseSessionService (pre-ping)",
         "store": "SessionStore (compare-and-set)",
         "journal": "SessionStore, function call + journal row",
+        "fenced": "SessionStore, function call + journal row, fenced by the run's lease",
     }
 
     def run_a() -> None:
@@ -350,6 +351,21 @@ def measure(args: argparse.Namespace) -> None:
                 "unit": "",
                 "target": "≤ 3",
             },
+            {
+                "metric": "function call + journal row statements, fenced by the run's lease",
+                "value": event_accounting["fenced"]["statements"],
+                "unit": "",
+                "peer": "unfenced",
+                "peer_value": event_accounting["journal"]["statements"],
+                "target": "no extra round trip",
+            },
+            {
+                "metric": "function call + journal row round trips, fenced by the run's lease",
+                "value": event_accounting["fenced"]["round_trips"],
+                "unit": "",
+                "peer": "unfenced",
+                "peer_value": event_accounting["journal"]["round_trips"],
+            },
             {"metric": "(a) ms/run, ADK + in-memory sessions", "value": stats["a"]["median"], "unit": "ms"},
             {"metric": "(b) ms/run, ADK + DatabaseSessionService", "value": stats["b"]["median"], "unit": "ms"},
             {"metric": "(b') ms/run, ADK + SessionStore", "value": stats["b'"]["median"], "unit": "ms"},
@@ -374,7 +390,7 @@ def measure(args: argparse.Namespace) -> None:
     )
 
 
-def _bench_event(index: int, run_id: uuid.UUID | None = None):
+def _bench_event(index: int, run_id: uuid.UUID | None = None, lease: uuid.UUID | None = None):
     from google.adk.events.event import Event
     from google.genai import types
 
@@ -384,7 +400,7 @@ def _bench_event(index: int, run_id: uuid.UUID | None = None):
         return Event(
             invocation_id="e-bench",
             author="support",
-            custom_metadata={"run_id": str(run_id)},
+            custom_metadata={"run_id": str(run_id), **({"lease": str(lease)} if lease else {})},
             content=types.Content(role="model", parts=[types.Part(function_call=call)]),
         )
     # A model turn the size of the scripted agent's: text, no state delta, no function call.
@@ -392,18 +408,24 @@ def _bench_event(index: int, run_id: uuid.UUID | None = None):
     return Event(invocation_id="e-bench", author="support", content=types.Content(role="model", parts=[types.Part(text=text)]))
 
 
-def _journal_run_id() -> uuid.UUID:
+def _journal_run(*, leased: bool = False) -> tuple[uuid.UUID, uuid.UUID | None]:
+    """A run to journal calls for; `leased`: running under a lease, so every append is fenced."""
     from runs.models import AgentRun
 
-    run = AgentRun.objects.create(agent_name="support", owner_id="bench", config={"message": "x"}, session_id=str(uuid.uuid4()))
-    return run.run_id
+    lease = uuid.uuid4() if leased else None
+    run = AgentRun.objects.create(
+        agent_name="support", owner_id="bench", config={"message": "x"}, session_id=str(uuid.uuid4()),
+        status="running" if leased else "queued", lease=lease,
+    )
+    return run.run_id, lease
 
 
-async def _append_many(service, count: int, run_id: uuid.UUID | None = None) -> list[float]:
+async def _append_many(service, count: int, journal_run: tuple | None = None) -> list[float]:
     session = await service.create_session(app_name="bench-events", user_id="bench", session_id=str(uuid.uuid4()))
     timings = []
+    run_id, lease = journal_run or (None, None)
     for index in range(count):
-        event = _bench_event(index, run_id)
+        event = _bench_event(index, run_id, lease)
         started = time.perf_counter()
         await service.append_event(session, event)
         timings.append((time.perf_counter() - started) * 1000)
@@ -413,9 +435,9 @@ async def _append_many(service, count: int, run_id: uuid.UUID | None = None) -> 
 def time_events(stores: dict, args: argparse.Namespace, run_coroutine) -> dict[str, list[float]]:
     """ms per append_event, timed on the loop itself (no thread hop in the figure)."""
     block = 20
-    run_id = _journal_run_id()
     contenders = {key: (service, None) for key, service in stores.items()}
-    contenders["journal"] = (stores["store"], run_id)
+    contenders["journal"] = (stores["store"], _journal_run())
+    contenders["fenced"] = (stores["store"], _journal_run(leased=True))
     for service, journal_run in contenders.values():
         run_coroutine(_append_many(service, 50, journal_run))
     timings: dict[str, list[float]] = defaultdict(list)
@@ -427,17 +449,18 @@ def time_events(stores: dict, args: argparse.Namespace, run_coroutine) -> dict[s
 
 def account_events(stores: dict, wires: dict, count: int, run_coroutine) -> dict[str, dict[str, float]]:
     results = {}
-    async def appends(service, wire: Wire, run_id: uuid.UUID | None) -> None:
+    async def appends(service, wire: Wire, journal_run: tuple | None) -> None:
         session = await service.create_session(app_name="bench-events", user_id="bench", session_id=str(uuid.uuid4()))
         wire.take()
+        run_id, lease = journal_run or (None, None)
         for index in range(count):
-            await service.append_event(session, _bench_event(index, run_id))
+            await service.append_event(session, _bench_event(index, run_id, lease))
 
-    run_id = _journal_run_id()
     for key, wire_name, service, journal_run in [
         ("stock", "stock", stores["stock"], None),
         ("store", "store", stores["store"], None),
-        ("journal", "store", stores["store"], run_id),
+        ("journal", "store", stores["store"], _journal_run()),
+        ("fenced", "store", stores["store"], _journal_run(leased=True)),
     ]:
         run_coroutine(appends(service, wires[wire_name], journal_run))
         counts = wires[wire_name].take()

@@ -287,6 +287,14 @@ RUN_CONCURRENCY = env_int("RUN_CONCURRENCY", 100, minimum=1)
 RUN_SLOT_WAIT_SECONDS = env_float("RUN_SLOT_WAIT_SECONDS", 10.0, minimum=0.1)
 # On SIGTERM a worker lets its runs finish this long, then aborts the rest (`worker_shutdown`).
 RUN_DRAIN_SECONDS = env_float("RUN_DRAIN_SECONDS", 30.0, minimum=0)
+# A run that died (reconciled, or aborted by a drain) is continued by the system as a resume when
+# its resume decision needs no person (runs.recovery): `resume` (the default) or `off`.
+RUN_RECOVERY = env_str("RUN_RECOVERY", "resume").lower()
+if RUN_RECOVERY not in ("resume", "off"):
+    raise ImproperlyConfigured(f"RUN_RECOVERY={RUN_RECOVERY!r} must be resume or off.")
+RUN_RECOVERY_ATTEMPTS = env_int("RUN_RECOVERY_ATTEMPTS", 3, minimum=0)
+# The wait before the system's second continuation of a chain; it doubles for each later one.
+RUN_RECOVERY_BACKOFF_SECONDS = env_float("RUN_RECOVERY_BACKOFF_SECONDS", 5.0, minimum=0)
 EVENTS_RETENTION_DAYS = env_int("EVENTS_RETENTION_DAYS", 90, minimum=1)
 PURGE_BATCH_SIZE = env_int("PURGE_BATCH_SIZE", 5000, minimum=1)
 if PURGE_BATCH_SIZE > 100_000:  # runs.retention.MAX_BATCH_SIZE

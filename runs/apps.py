@@ -15,10 +15,18 @@ class RunsConfig(AppConfig):
         # Each worker process of a django-q2 cluster keeps many runs in flight (runs.worker).
         from django_q.signals import post_spawn
 
+        from agents.session_store import install_append_fence
         from runs import (
+            deaths,
             journal,  # noqa: F401
+            leases,
             worker,
         )
+
+        # An event of a run is stored only while its attempt still holds the run.
+        install_append_fence(leases.EventFence())
+        # A cluster's sentinel reconciles (and recovers) a dead worker's runs at once.
+        deaths.watch_worker_deaths()
 
         post_spawn.connect(worker.on_worker_spawned, dispatch_uid="runs.worker.on_worker_spawned")
         # The SQLite files hold API tokens, sessions and webhook secrets: 0600 from the first connection.

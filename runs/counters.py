@@ -15,3 +15,12 @@ REPLAY_REFUSALS = prometheus_client.Counter(
 MODEL_RETRIES = prometheus_client.Counter(
     "agentledger_model_retries", "Model calls re-sent at the model-call boundary, by reason.", ["reason"]
 )
+LEASE_REFUSALS = prometheus_client.Counter(
+    "agentledger_lease_refusals",
+    "Writes refused because the run was no longer held by the worker's lease (the run was aborted there), "
+    "by kind of write.",
+    ["write"],
+)
+RECOVERIES = prometheus_client.Counter(
+    "agentledger_recoveries", "Runs that died and that this process continued as a resume, without a person."
+)

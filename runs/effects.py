@@ -38,7 +38,7 @@ from google.adk.plugins.base_plugin import BasePlugin
 from agents.effects import IDEMPOTENT, KeyArgumentMissing, effect_of_call_name, effect_of_tool, tool_name
 from config.lib.refusals import required_text
 from config.lib.text import hidden_character
-from runs import chain, permissions, reconcile, visibility
+from runs import chain, leases, permissions, reconcile, visibility
 from runs.journal import EFFECTS_METADATA_KEY
 from runs.models import (
     AgentRun,
@@ -137,12 +137,24 @@ def _describe_key(effect: ToolEffect) -> str:
 
 
 def claim_effect(
-    *, run_id: uuid.UUID, call_id: str, intent: str, tool: str, business_key: Any, stable_fields: dict
+    *,
+    run_id: uuid.UUID,
+    call_id: str,
+    intent: str,
+    tool: str,
+    business_key: Any,
+    stable_fields: dict,
+    lease: uuid.UUID | None = None,
 ) -> Claim:
-    """Write the record `started`, or say why the call must not run; committed when this returns."""
+    """Write the record `started`, or say why the call must not run; committed when this returns.
+
+    Only while `lease` holds the run (`runs.leases`): a worker that lost its run never starts
+    an effect for it.
+    """
     key = effect_key(intent=intent, tool=tool, business_key=business_key)
     now = timezone.now()
     with transaction.atomic():
+        leases.hold(run_id=run_id, lease=lease, what="an effect record")
         effect, created = ToolEffect.objects.get_or_create(
             key=key,
             defaults={
@@ -200,29 +212,47 @@ def claim_effect(
         return Claim("in_doubt", key, message=message)
 
 
-def finish_effect(*, key: str, run_id: uuid.UUID, call_id: str, result: Any) -> bool:
+def _owned_started(*, key: str, run_id: uuid.UUID, call_id: str, lease: uuid.UUID | None):
+    records = ToolEffect.objects.filter(key=key, status=EffectStatus.STARTED, first_run_id=run_id, first_call_id=call_id)
+    # The lease check rides in the write's own statement; a run no longer held leaves its record
+    # `started`: in doubt, as for a worker that died while its tool ran.
+    return records.filter(leases.held_q(run_id=run_id, lease=lease)) if lease is not None else records
+
+
+def _refuse_if_lost(*, run_id: uuid.UUID, lease: uuid.UUID | None, what: str) -> None:
+    # Only a write that matched nothing pays for this read.
+    if lease is not None and not leases.held(run_id=run_id, lease=lease).exists():
+        raise leases.refuse(run_id=run_id, what=what)
+
+
+def finish_effect(*, key: str, run_id: uuid.UUID, call_id: str, result: Any, lease: uuid.UUID | None = None) -> bool:
     """The tool answered: its record is done, with what it said (served to every repeat)."""
-    return ToolEffect.objects.filter(
-        key=key, status=EffectStatus.STARTED, first_run_id=run_id, first_call_id=call_id
-    ).update(status=EffectStatus.DONE, result=json_safe(result), finished_at=timezone.now()) == 1
+    done = _owned_started(key=key, run_id=run_id, call_id=call_id, lease=lease).update(
+        status=EffectStatus.DONE, result=json_safe(result), finished_at=timezone.now()
+    ) == 1
+    if not done:
+        _refuse_if_lost(run_id=run_id, lease=lease, what="an effect's result")
+    return done
 
 
-def note_effect_error(*, key: str, run_id: uuid.UUID, call_id: str, error: str) -> None:
+def note_effect_error(*, key: str, run_id: uuid.UUID, call_id: str, error: str, lease: uuid.UUID | None = None) -> None:
     """The tool raised: it may have acted first, so the record stays `started` (in doubt), with the error."""
-    ToolEffect.objects.filter(
-        key=key, status=EffectStatus.STARTED, first_run_id=run_id, first_call_id=call_id
-    ).update(error=error[:SUMMARY_MAX_CHARS])
+    if not _owned_started(key=key, run_id=run_id, call_id=call_id, lease=lease).update(error=error[:SUMMARY_MAX_CHARS]):
+        _refuse_if_lost(run_id=run_id, lease=lease, what="an effect's error")
 
 
-def release_effect(*, key: str, run_id: uuid.UUID, call_id: str) -> None:
+def release_effect(*, key: str, run_id: uuid.UUID, call_id: str, lease: uuid.UUID | None = None) -> None:
     """The tool did not run after all (it waits for a person's confirmation): nothing to record."""
-    ToolEffect.objects.filter(
-        key=key, status=EffectStatus.STARTED, first_run_id=run_id, first_call_id=call_id
-    ).delete()
+    if not _owned_started(key=key, run_id=run_id, call_id=call_id, lease=lease).delete()[0]:
+        _refuse_if_lost(run_id=run_id, lease=lease, what="an effect's release")
 
 
-def record_effect_class(*, run_id: uuid.UUID, call_id: str, effect: str) -> None:
-    ToolCall.objects.filter(run_id=run_id, call_id=call_id, effect="").update(effect=effect)
+def record_effect_class(*, run_id: uuid.UUID, call_id: str, effect: str, lease: uuid.UUID | None = None) -> None:
+    calls = ToolCall.objects.filter(run_id=run_id, call_id=call_id, effect="")
+    if lease is not None:
+        calls = calls.filter(leases.held_q(run_id=run_id, lease=lease))
+    if not calls.update(effect=effect):
+        _refuse_if_lost(run_id=run_id, lease=lease, what="a call's effect class")
 
 
 # --- The plugin ----------------------------------------------------------------------------------
@@ -290,7 +320,9 @@ class EffectsPlugin(BasePlugin):
         effect = self.effect_of(tool)
         if call_id not in self._stamped:
             # A toolset's tool (e.g. MCP) is only known now: record its class before it runs.
-            await sync_to_async(record_effect_class)(run_id=self.run.run_id, call_id=call_id, effect=effect.kind)
+            await sync_to_async(record_effect_class)(
+                run_id=self.run.run_id, call_id=call_id, effect=effect.kind, lease=self.run.lease
+            )
         if effect.kind != IDEMPOTENT or not effect.keyed:
             return None
         try:
@@ -304,6 +336,7 @@ class EffectsPlugin(BasePlugin):
             tool=tool.name,
             business_key=business_key,
             stable_fields=json_safe(effect.stable_fields(tool_args or {})),
+            lease=self.run.lease,
         )
         if claim.kind == "run":
             self._owned[call_id] = claim.key
@@ -321,9 +354,11 @@ class EffectsPlugin(BasePlugin):
         if key is None:
             return None
         if call_id in (tool_context.actions.requested_tool_confirmations or {}):
-            await sync_to_async(release_effect)(key=key, run_id=self.run.run_id, call_id=call_id)
+            await sync_to_async(release_effect)(key=key, run_id=self.run.run_id, call_id=call_id, lease=self.run.lease)
             return None
-        await sync_to_async(finish_effect)(key=key, run_id=self.run.run_id, call_id=call_id, result=result)
+        await sync_to_async(finish_effect)(
+            key=key, run_id=self.run.run_id, call_id=call_id, result=result, lease=self.run.lease
+        )
         return None
 
     async def on_tool_error_callback(self, *, tool, tool_args, tool_context, error):
@@ -331,7 +366,8 @@ class EffectsPlugin(BasePlugin):
         key = self._owned.pop(call_id, None)
         if key is not None:
             await sync_to_async(note_effect_error)(
-                key=key, run_id=self.run.run_id, call_id=call_id, error=f"{type(error).__name__}: {error}"
+                key=key, run_id=self.run.run_id, call_id=call_id, error=f"{type(error).__name__}: {error}",
+                lease=self.run.lease,
             )
         return None
 

@@ -38,7 +38,7 @@ from agents.retrying import RetryLog, current_retry_log
 from agents.workflows import compile_workflow
 from memory.adk import memory_service
 from memory.services import remember_events
-from runs import lifecycle, outcomes, telemetry
+from runs import leases, lifecycle, outcomes, telemetry
 from runs.counters import MODEL_RETRIES
 from runs.effects import EffectsPlugin
 from runs.faults import faults_honoured
@@ -67,6 +67,11 @@ class RunControl:
         self.started_monotonic = time.monotonic()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._abort_event: asyncio.Event | None = None
+
+    @property
+    def lease(self) -> uuid.UUID | None:
+        """The lease of the claim this control holds the run under (runs.leases)."""
+        return self.run.lease if self.run is not None else None
 
     def start(self) -> None:
         self.started_monotonic = time.monotonic()
@@ -100,7 +105,8 @@ def user_content(run: AgentRun) -> types.Content:
 def retry_log_for(run: AgentRun) -> RetryLog:
     async def store(entries: list[dict]) -> None:
         MODEL_RETRIES.labels(reason=entries[-1]["reason"]).inc()  # called once per retry
-        await AgentRun.objects.filter(pk=run.run_id).aupdate(model_retries=entries)
+        if not await leases.held(run_id=run.run_id, lease=run.lease).aupdate(model_retries=entries):
+            raise leases.refuse(run_id=run.run_id, what="the model retry log")
 
     return RetryLog(on_change=store)
 
@@ -137,7 +143,7 @@ async def _run_events(
         session_id=run.session_id,
         invocation_id=run.invocation_id,
         new_message=None if resumed else user_content(run),
-        run_config=RunConfig(custom_metadata={"run_id": str(run.run_id)}),
+        run_config=RunConfig(custom_metadata=run_metadata(run)),
         abort_signal=abort_event,
         yield_user_message=True,
     ):
@@ -155,12 +161,12 @@ async def run_agent(
     run: AgentRun, control: RunControl, *, on_event: Callable[[Event], None] | None = None
 ) -> Outcome:
     """Run the agent for `run` and return its outcome; `on_event` sees every event ADK yields."""
-    plugin = JournalPlugin(run.run_id)
+    plugin = JournalPlugin(run.run_id, lease=run.lease)
     # Journal first, then effects: the effect class is stamped on the event the journal records.
     # Scripted tool faults sit either side of the effects plugin, at every tool's boundary.
     plugins = [plugin, *faults.around_effects(EffectsPlugin(run), honoured=await sync_to_async(faults_honoured)(run))]
     retries = retry_log_for(run)
-    steps = RunStepRecorder(run.run_id) if run.workflow else None
+    steps = RunStepRecorder(run.run_id, lease=run.lease) if run.workflow else None
     # A resumed run continues its original's session: no new user message, an answer for each
     # dangling call instead, and its scripted models where the original's stopped.
     plan: ResumePlan | None = await sync_to_async(resume_plan)(run) if run.resume_of_id else None
@@ -181,6 +187,8 @@ async def run_agent(
             runner, run, resumed=plan is not None, abort_event=abort_event, on_event=on_event, seen=seen
         )
     except Exception as exc:  # noqa: BLE001 - every failure becomes the run's recorded outcome
+        if leases.lease_lost_of(exc) is not None:
+            control.abort(leases.LEASE_LOST)
         if control.abort_reason is None:
             logger.info("Run %s failed: %r", run.run_id, exc)
             if steps is not None:
@@ -189,11 +197,21 @@ async def run_agent(
     finally:
         current_retry_log.reset(log_token)
         await runner.close()
+    if control.abort_reason == leases.LEASE_LOST:
+        return Outcome(RunStatus.ERROR, leases.LEASE_LOST, "The worker no longer held the run, so it stopped it.")
     if control.abort_reason is not None:
         aborted = outcomes.aborted(control.abort_reason)
         if aborted is not None:
             return aborted
     return outcomes.finished(seen, steps=steps, retries=retries)
+
+
+def run_metadata(run: AgentRun) -> dict[str, str]:
+    """Stamped on every event of the run's invocation: whose it is, and the lease it is written under."""
+    metadata = {"run_id": str(run.run_id)}
+    if run.lease is not None:
+        metadata[leases.LEASE_METADATA_KEY] = str(run.lease)
+    return metadata
 
 
 async def append_responses(run: AgentRun, plan: ResumePlan) -> None:
@@ -209,7 +227,7 @@ async def append_responses(run: AgentRun, plan: ResumePlan) -> None:
     await sessions.append_event(
         session,
         Event(invocation_id=run.invocation_id, author="user", content=plan.responses,
-              custom_metadata={"run_id": str(run.run_id)}),
+              custom_metadata=run_metadata(run)),
     )
 
 
@@ -226,6 +244,10 @@ def begin(run_id: uuid.UUID, control: RunControl) -> bool:
 
 def finish(run_id: uuid.UUID, control: RunControl, outcome: Outcome) -> None:
     control.stop()
+    if control.abort_reason == leases.LEASE_LOST:
+        # The run is someone else's now (reconciled, maybe continued): nothing more is written.
+        logger.warning("Run %s: stopped without settling it, its lease is gone", run_id)
+        return
     # One commit for the outcome and the memories it feeds; the memories sit in a savepoint, so
     # failing to remember can never undo the recorded outcome.
     with transaction.atomic():

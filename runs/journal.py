@@ -33,6 +33,7 @@ from sqlalchemy import text
 
 from agents.mcp_answers import readable_answer
 from agents.models import AdkEvent
+from runs import leases
 from runs.models import AgentRun, ToolCall, ToolCallStatus
 
 logger = logging.getLogger(__name__)
@@ -203,12 +204,13 @@ def _journal_with_the_event(mapper, connection, target: StorageEvent) -> None:
         )
 
 
-def journal_outside_the_session(event_data: dict) -> None:
+def journal_outside_the_session(event_data: dict, *, lease: uuid.UUID | None = None) -> None:
     """Journal an event that no Agent Ledger session stores, through Django, before it goes on.
 
     An agent wrapped by an `AgentTool` runs in a session of ADK's own, in memory: its events never
     reach the event table, so the hook above never sees them. The plugin writes them here; the
-    write commits before ADK runs the call's tool, as it does for stored events.
+    write commits before ADK runs the call's tool, as it does for stored events, and only while
+    `lease` still holds the run (`runs.leases`).
     """
     run_id, calls, answers = journal_rows(event_data)
     if run_id is None:
@@ -217,6 +219,7 @@ def journal_outside_the_session(event_data: dict) -> None:
         for _attempt in range(5):
             try:
                 with transaction.atomic():
+                    leases.hold(run_id=run_id, lease=lease, what="a function call's journal row")
                     taken = ToolCall.objects.filter(run_id=run_id, call_id=call["call_id"]).first()
                     if taken is not None:
                         raise DuplicateCallId(call["call_id"], call["tool_name"], taken.tool_name)
@@ -226,15 +229,22 @@ def journal_outside_the_session(event_data: dict) -> None:
             except IntegrityError:
                 continue  # a concurrent branch took that seq: count again
     for answer in answers:
-        ToolCall.objects.filter(run_id=run_id, call_id=answer["call_id"]).update(
-            status=answer["status"], answered_at=answer["answered_at"], response_summary=answer["summary"]
-        )
+        with transaction.atomic():
+            leases.hold(run_id=run_id, lease=lease, what="a function response's journal row")
+            ToolCall.objects.filter(run_id=run_id, call_id=answer["call_id"]).update(
+                status=answer["status"], answered_at=answer["answered_at"], response_summary=answer["summary"]
+            )
 
 
-def record_outcome(run_id: uuid.UUID, call_id: str, *, status: str, summary: str) -> None:
-    ToolCall.objects.filter(run_id=run_id, call_id=call_id).update(
-        status=status, answered_at=timezone.now(), response_summary=summary
-    )
+def record_outcome(
+    run_id: uuid.UUID, call_id: str, *, status: str, summary: str, lease: uuid.UUID | None = None
+) -> None:
+    calls = ToolCall.objects.filter(run_id=run_id, call_id=call_id)
+    if lease is not None:
+        calls = calls.filter(leases.held_q(run_id=run_id, lease=lease))
+    if not calls.update(status=status, answered_at=timezone.now(), response_summary=summary) and lease is not None:
+        if not leases.held(run_id=run_id, lease=lease).exists():
+            raise leases.refuse(run_id=run_id, what="a tool's failure")
 
 
 def journal_tools(run_id: uuid.UUID) -> list[str]:
@@ -244,16 +254,19 @@ def journal_tools(run_id: uuid.UUID) -> list[str]:
 class JournalPlugin(BasePlugin):
     """Records what the session cannot: a tool that raised (it never answers)."""
 
-    def __init__(self, run_id: uuid.UUID):
+    def __init__(self, run_id: uuid.UUID, *, lease: uuid.UUID | None = None):
         super().__init__(name="agent_ledger_journal")
         self.run_id = run_id
+        self.lease = lease
         self.tool_errors: dict[str, BaseException] = {}
 
     async def on_event_callback(self, *, invocation_context, event):
         if event.partial or isinstance(invocation_context.session_service, DatabaseSessionService):
             return None  # stored events are journaled in their own transaction
         if event.get_function_calls() or event.get_function_responses():
-            await sync_to_async(journal_outside_the_session)(event.model_dump(mode="json", exclude_none=True))
+            await sync_to_async(journal_outside_the_session)(
+                event.model_dump(mode="json", exclude_none=True), lease=self.lease
+            )
         return None
 
     async def on_tool_error_callback(self, *, tool, tool_args, tool_context, error):
@@ -264,6 +277,7 @@ class JournalPlugin(BasePlugin):
             call_id,
             status=ToolCallStatus.FAILED,
             summary=f"{type(error).__name__}: {error}"[:SUMMARY_MAX_CHARS],
+            lease=self.lease,
         )
         return None
 

@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import uuid
+from dataclasses import dataclass, field
 
 from django.db import transaction
 from django.db.models import F
@@ -18,7 +19,7 @@ from django.utils import timezone
 from django_q.tasks import async_task
 
 from memory.services import remember_session
-from runs import chain, journal
+from runs import chain, journal, leases
 from runs.models import AgentRun, RunStatus
 from runs.steps import settle_unfinished_steps
 
@@ -37,7 +38,8 @@ def worker_name() -> str:
 
 
 def claim_run(*, run_id: uuid.UUID, worker: str) -> bool:
-    """Move the run queued → running. False if anyone else got there first (or it was cancelled)."""
+    """Move the run queued → running under a fresh lease. False if anyone else got there first
+    (or it was cancelled)."""
     now = timezone.now()
     claimed = AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
         status=RunStatus.RUNNING,
@@ -45,6 +47,7 @@ def claim_run(*, run_id: uuid.UUID, worker: str) -> bool:
         heartbeat_at=now,
         attempts=F("attempts") + 1,
         worker=worker,
+        lease=leases.new_lease(),
     )
     return claimed == 1
 
@@ -62,21 +65,42 @@ def beat(*, run_id: uuid.UUID) -> bool:
     return AgentRun.objects.filter(pk=run_id, status=RunStatus.RUNNING).update(heartbeat_at=timezone.now()) == 1
 
 
-def beat_many(*, run_ids: list[uuid.UUID]) -> set[uuid.UUID]:
-    """One process's heartbeat: refresh every run it holds in one statement per chunk.
+@dataclass
+class Beat:
+    """What one heartbeat learnt: runs that asked to be cancelled, runs this process no longer holds."""
 
-    Returns the runs that asked to be cancelled, read in the same round of queries, so a
-    process with a hundred runs costs two statements a beat, not two hundred.
+    cancel_requested: set[uuid.UUID] = field(default_factory=set)
+    lost: set[uuid.UUID] = field(default_factory=set)
+
+
+def beat_many(*, held: dict[uuid.UUID, uuid.UUID | None]) -> Beat:
+    """One process's heartbeat: refresh every run it holds (run id → lease) in one statement per chunk.
+
+    Only a run still `running` under the lease this process holds is refreshed (a lease is a
+    fresh id per claim, so `lease IN (…)` names the attempts exactly). The cancel requests and
+    the runs no longer held come back in the same round of queries, so a process with a hundred
+    runs costs two statements a beat, not two hundred.
     """
     now = timezone.now()
-    cancel_requested: set[uuid.UUID] = set()
+    beat = Beat()
+    run_ids = list(held)
     for start in range(0, len(run_ids), BEAT_CHUNK):
         chunk = run_ids[start : start + BEAT_CHUNK]
-        AgentRun.objects.filter(pk__in=chunk, status=RunStatus.RUNNING).update(heartbeat_at=now)
-        cancel_requested.update(
-            AgentRun.objects.filter(pk__in=chunk, cancel_requested_at__isnull=False).values_list("pk", flat=True)
-        )
-    return cancel_requested
+        AgentRun.objects.filter(
+            pk__in=chunk, lease__in=[held[run_id] for run_id in chunk], status=RunStatus.RUNNING
+        ).update(heartbeat_at=now)
+        found = {
+            run_id: (status, lease, cancel_requested_at)
+            for run_id, status, lease, cancel_requested_at in AgentRun.objects.filter(pk__in=chunk).values_list(
+                "pk", "status", "lease", "cancel_requested_at"
+            )
+        }
+        for run_id, (status, lease, cancel_requested_at) in found.items():
+            if status != RunStatus.RUNNING or lease != held[run_id]:
+                beat.lost.add(run_id)
+            elif cancel_requested_at is not None:
+                beat.cancel_requested.add(run_id)
+    return beat
 
 
 # Ids per heartbeat statement: far below any driver's parameter limit (SQLite's is 32766).
@@ -92,9 +116,10 @@ def settle_run(
     result: str = "",
     run: AgentRun | None = None,
 ) -> bool:
-    """Write the run's outcome if it is still `running`; otherwise keep it as a late outcome.
+    """Write the run's outcome if it is still `running` under the lease it was claimed with;
+    otherwise keep it as a late outcome.
 
-    `run` (the row as claimed) saves reading it again; only its identity fields are used.
+    `run` (the row as claimed) saves reading it again; its identity fields and lease are used.
     Returns True if this outcome became the run's status.
     """
     with transaction.atomic():
@@ -102,7 +127,7 @@ def settle_run(
             run = AgentRun.objects.get(pk=run_id)
         tools = journal.derive_tools_executed(run)
         now = timezone.now()
-        settled = AgentRun.objects.filter(pk=run_id, status=RunStatus.RUNNING).update(
+        settled = leases.held(run_id=run_id, lease=run.lease).update(
             status=status,
             error_code=error_code[:64],
             error_message=error_message,
@@ -116,8 +141,8 @@ def settle_run(
         if settled:
             return True
         # Someone settled it first (a reconciler that thought the worker dead): record what the
-        # worker saw without overwriting the first verdict.
-        AgentRun.objects.filter(pk=run_id).update(
+        # worker saw without overwriting the first verdict (and only on the attempt it held).
+        AgentRun.objects.filter(pk=run_id, lease=run.lease).update(
             late_outcome={
                 "status": status,
                 "error_code": error_code,

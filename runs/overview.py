@@ -31,6 +31,7 @@ from runs.models import (
     EffectStatus,
     EventStatus,
     FiringOutcome,
+    Recovery,
     RunSchedule,
     RunStatus,
     ScheduleFiring,
@@ -149,6 +150,17 @@ def recently_reconciled(queryset: QuerySet[AgentRun], *, now: datetime | None = 
     return queryset.filter(error_code=RECONCILED, finished_at__gte=since)
 
 
+def recently_recovered(queryset: QuerySet[AgentRun], *, now: datetime | None = None) -> QuerySet[AgentRun]:
+    """Runs that died and that the system continued by itself (runs.recovery), in the last 24 h."""
+    since = (now or timezone.now()) - RECENT
+    return queryset.filter(recovery=Recovery.RECOVERED, finished_at__gte=since)
+
+
+def died_waiting_for_a_person(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
+    """Runs that died and that the system left for a person (`recovery_detail` says why), not yet continued."""
+    return awaiting_decision(queryset.filter(recovery__in=(Recovery.NEEDS_PERSON, Recovery.EXHAUSTED)))
+
+
 def in_flight(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
     return queryset.filter(status__in=IN_FLIGHT)
 
@@ -168,6 +180,8 @@ DESK_SETS: dict[str, tuple[str, Callable[[QuerySet[AgentRun]], QuerySet[AgentRun
     ToolsUnknown.code: ("awaiting a decision: tools unknown", awaiting_tools_unknown),
     "in_doubt": ("with calls in doubt", with_calls_in_doubt),
     "reconciled_24h": ("reconciled in the last 24 h", recently_reconciled),
+    "recovered_24h": ("died, finished by themselves (last 24 h)", recently_recovered),
+    "needs_person": ("died, waiting for a person", died_waiting_for_a_person),
     "in_flight": ("in flight (queued or running)", in_flight),
 }
 
@@ -196,6 +210,8 @@ class Overview:
     awaiting: dict[str, CappedCount]
     calls_in_doubt: CappedCount
     reconciled_24h: CappedCount
+    recovered_24h: CappedCount
+    died_waiting: CappedCount
     in_flight: InFlight
     webhook_events: dict[str, CappedCount] | None
     skipped_firings_24h: CappedCount | None
@@ -281,6 +297,8 @@ def build_overview(*, now: datetime | None = None, inbox: bool = True, schedules
         },
         calls_in_doubt=capped_count(in_doubt_calls()),
         reconciled_24h=capped_count(recently_reconciled(runs, now=now)),
+        recovered_24h=capped_count(recently_recovered(runs, now=now)),
+        died_waiting=capped_count(died_waiting_for_a_person(runs)),
         in_flight=InFlight(capped_count(in_flight(runs)), oldest_in_flight()),
         webhook_events=events,
         skipped_firings_24h=skipped,

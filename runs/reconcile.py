@@ -210,6 +210,50 @@ def _reconcile_ids(ids: list[uuid.UUID], cutoffs: Cutoffs, *, skip_locked: bool 
         return _reconcile_chunk(ids, cutoffs, skip_locked=skip_locked, isolated=True)
 
 
+def dead_worker_message(run: AgentRun, *, worker: str) -> str:
+    return (
+        f"No completion was recorded for this run. Its worker process ({worker}) died while it ran, and the "
+        "cluster that started it noticed at once. Its actual outcome is unknown: check what it called before "
+        "running it again."
+    )
+
+
+def reconcile_dead_worker(*, worker: str, now: datetime | None = None) -> list[AgentRun]:
+    """Reconcile, now, the runs a worker process that is known to be dead still held.
+
+    Its parent (the cluster's sentinel) saw it die, so there is no need to wait for staleness.
+    Each write is conditional on the run still being `running` under the lease that worker held
+    (read under the same row lock), so a run that moved on meanwhile is left alone.
+    """
+    now = now or timezone.now()
+    landed: list[AgentRun] = []
+    with transaction.atomic():
+        held = list(
+            AgentRun.objects.select_for_update(skip_locked=True)
+            .filter(status=RunStatus.RUNNING, worker=worker)
+            .only(*_FIELDS, "worker", "lease")[:CHUNK_SIZE * 10]
+        )
+        for run in held:
+            run.status = RunStatus.ERROR
+            run.error_code = RECONCILED
+            run.error_message = dead_worker_message(run, worker=worker)
+            run.tools_executed = _tools_executed(run, isolated=True)
+            run.finished_at = now
+            updated = AgentRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING, lease=run.lease).update(
+                status=run.status,
+                error_code=run.error_code,
+                error_message=run.error_message,
+                tools_executed=run.tools_executed,
+                finished_at=run.finished_at,
+            )
+            if updated:
+                landed.append(run)
+    for run in landed:
+        logger.warning("Run %s reconciled: %s", run.run_id, run.error_message)
+    RECONCILIATIONS.inc(len(landed))
+    return landed
+
+
 @dataclass
 class SweepReport:
     reconciled: list[AgentRun] = field(default_factory=list)

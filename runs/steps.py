@@ -11,11 +11,13 @@ import uuid
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 from google.genai import types
 
 from agents.workflows import original_error
+from runs import leases
 from runs.journal import SUMMARY_MAX_CHARS, summarize
 from runs.models import RunStep, StepStatus
 
@@ -40,24 +42,47 @@ def _summary(output: Any) -> str:
     return text if len(text) <= SUMMARY_MAX_CHARS else summarize(text)
 
 
-def step_started(*, run_id: uuid.UUID, seq: int, node_path: str, step_name: str, kind: str, target: str) -> None:
-    RunStep.objects.create(run_id=run_id, seq=seq, node_path=node_path, step_name=step_name, kind=kind, target=target)
+def step_started(
+    *, run_id: uuid.UUID, seq: int, node_path: str, step_name: str, kind: str, target: str,
+    lease: uuid.UUID | None = None,
+) -> None:
+    with transaction.atomic():
+        leases.hold(run_id=run_id, lease=lease, what="a workflow step")
+        RunStep.objects.create(
+            run_id=run_id, seq=seq, node_path=node_path, step_name=step_name, kind=kind, target=target
+        )
 
 
-def step_restarted(*, run_id: uuid.UUID, node_path: str) -> None:
+def _held_steps(*, run_id: uuid.UUID, lease: uuid.UUID | None, **filters: Any):
+    steps = RunStep.objects.filter(run_id=run_id, **filters)
+    # The lease check rides in the write's own statement (runs.leases).
+    return steps.filter(leases.held_q(run_id=run_id, lease=lease)) if lease is not None else steps
+
+
+def _refuse_if_lost(*, run_id: uuid.UUID, lease: uuid.UUID | None) -> None:
+    if lease is not None and not leases.held(run_id=run_id, lease=lease).exists():
+        raise leases.refuse(run_id=run_id, what="a workflow step")
+
+
+def step_restarted(*, run_id: uuid.UUID, node_path: str, lease: uuid.UUID | None = None) -> None:
     """The step's retry policy runs it again under the same node path."""
-    RunStep.objects.filter(run_id=run_id, node_path=node_path).update(
+    if not _held_steps(run_id=run_id, lease=lease, node_path=node_path).update(
         attempts=F("attempts") + 1, status=StepStatus.RUNNING, finished_at=None
-    )
+    ):
+        _refuse_if_lost(run_id=run_id, lease=lease)
 
 
-def step_ended(*, run_id: uuid.UUID, node_path: str, status: str, output: Any = None, error: str = "") -> None:
+def step_ended(
+    *, run_id: uuid.UUID, node_path: str, status: str, output: Any = None, error: str = "",
+    lease: uuid.UUID | None = None,
+) -> None:
     fields: dict[str, Any] = {"status": status, "finished_at": timezone.now()}
     if status == StepStatus.SUCCESS:
         fields["output_summary"] = _summary(output)
     if error:
         fields["error"] = error
-    RunStep.objects.filter(run_id=run_id, node_path=node_path, status=StepStatus.RUNNING).update(**fields)
+    if not _held_steps(run_id=run_id, lease=lease, node_path=node_path, status=StepStatus.RUNNING).update(**fields):
+        _refuse_if_lost(run_id=run_id, lease=lease)
 
 
 def settle_unfinished_steps(*, run_id: uuid.UUID) -> int:
@@ -70,8 +95,9 @@ def settle_unfinished_steps(*, run_id: uuid.UUID) -> int:
 class RunStepRecorder:
     """The `StepRecorder` of one run; remembers the workflow's output and the first failure."""
 
-    def __init__(self, run_id: uuid.UUID):
+    def __init__(self, run_id: uuid.UUID, *, lease: uuid.UUID | None = None):
         self.run_id = run_id
+        self.lease = lease
         self.final_output: Any = None
         self.first_failure: tuple[str, BaseException] | None = None
         # One worker executes a run (the claim sees to that), so its steps are numbered here,
@@ -80,17 +106,20 @@ class RunStepRecorder:
 
     async def started(self, *, node_path: str, step_name: str, kind: str, target: str) -> None:
         if node_path in self._seq:
-            await sync_to_async(step_restarted)(run_id=self.run_id, node_path=node_path)
+            await sync_to_async(step_restarted)(run_id=self.run_id, node_path=node_path, lease=self.lease)
             return
         self._seq[node_path] = seq = len(self._seq) + 1
         await sync_to_async(step_started)(
-            run_id=self.run_id, seq=seq, node_path=node_path, step_name=step_name, kind=kind, target=target
+            run_id=self.run_id, seq=seq, node_path=node_path, step_name=step_name, kind=kind, target=target,
+            lease=self.lease,
         )
 
     async def finished(self, *, node_path: str, output: Any, terminal: bool) -> None:
         if terminal:
             self.final_output = output
-        await sync_to_async(step_ended)(run_id=self.run_id, node_path=node_path, status=StepStatus.SUCCESS, output=output)
+        await sync_to_async(step_ended)(
+            run_id=self.run_id, node_path=node_path, status=StepStatus.SUCCESS, output=output, lease=self.lease
+        )
 
     async def failed(self, *, node_path: str, error: BaseException) -> None:
 
@@ -98,10 +127,12 @@ class RunStepRecorder:
         if self.first_failure is None:
             self.first_failure = (node_path, error)
         await sync_to_async(step_ended)(
-            run_id=self.run_id, node_path=node_path, status=StepStatus.ERROR, error=f"{type(error).__name__}: {error}"
+            run_id=self.run_id, node_path=node_path, status=StepStatus.ERROR, error=f"{type(error).__name__}: {error}",
+            lease=self.lease,
         )
 
     async def cancelled(self, *, node_path: str) -> None:
         await sync_to_async(step_ended)(
-            run_id=self.run_id, node_path=node_path, status=StepStatus.CANCELLED, error="Cancelled while running."
+            run_id=self.run_id, node_path=node_path, status=StepStatus.CANCELLED, error="Cancelled while running.",
+            lease=self.lease,
         )

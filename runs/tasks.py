@@ -4,7 +4,7 @@ import uuid
 
 from django.conf import settings
 
-from runs import executor, reconcile, retention, stored_data, worker
+from runs import executor, reconcile, recovery, retention, stored_data, worker
 from runs.inbox import processing
 from runs.schedules import services as scheduling
 
@@ -21,8 +21,10 @@ def execute_run(run_id: str) -> str:
 
 
 def reconcile_runs() -> str:
-    """Every minute: reconcile stale runs and enqueue lost queued runs again."""
-    return str(reconcile.sweep())
+    """Every minute: reconcile stale runs, enqueue lost queued runs again, continue the dead that need nobody."""
+    report = reconcile.sweep()
+    recovered = recovery.recover_due()
+    return f"{report}, {len(recovered)} run(s) continued by the system"
 
 
 def purge_events() -> str:

@@ -36,7 +36,7 @@ from django.conf import settings
 from django.db import connection
 
 from agents.adk import release_process_resources, submit_coroutine
-from runs import executor, lifecycle, outcomes
+from runs import executor, lifecycle, outcomes, recovery
 from runs.models import AgentRun, RunStatus
 
 logger = logging.getLogger(__name__)
@@ -198,6 +198,13 @@ def drain_process_pool() -> list[uuid.UUID]:
     if pool is None:
         return []
     aborted = pool.drain(seconds=settings.RUN_DRAIN_SECONDS)
+    for run_id in aborted:
+        # Each aborted run settled worker_shutdown with its tools listed: the system continues it
+        # in another worker when nothing of it is in doubt (runs.recovery).
+        try:
+            recovery.recover(run_id=run_id)
+        except Exception:  # noqa: BLE001 - the sweep tries again
+            logger.exception("Run %s: could not be continued after the drain", run_id)
     release_process_resources()
     connection.close()
     return aborted

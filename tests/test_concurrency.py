@@ -178,9 +178,11 @@ def test_one_heartbeat_refreshes_every_run_of_the_process_and_reads_their_cancel
     past = timezone.now() - timedelta(timeout=5)
     AgentRun.objects.update(heartbeat_at=past)
 
-    cancel_requested = lifecycle.beat_many(run_ids=[r.run_id for r in runs])
+    held = dict(AgentRun.objects.filter(pk__in=[r.pk for r in runs]).values_list("pk", "lease"))
+    beat = lifecycle.beat_many(held=held)
 
-    assert cancel_requested == {runs[1].run_id}
+    assert beat.cancel_requested == {runs[1].run_id}
+    assert beat.lost == {runs[4].run_id}  # settled: this process no longer holds it
     beats = dict(AgentRun.objects.values_list("pk", "heartbeat_at"))
     assert all(beats[r.pk] > past for r in runs[:4])
     assert beats[runs[4].pk] == past  # settled: no longer beaten

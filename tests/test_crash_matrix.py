@@ -13,6 +13,12 @@ settles, that `tools_executed` names every call whose effect may have happened (
 happened (`calls_in_doubt` while the email's call is unanswered), and that the outbox holds at
 most one email per run.
 
+With recovery on (`RUN_RECOVERY=resume`, docs/architecture.md, "Recovery without a person"), every
+point ends with exactly one email per run: the system continues by itself what needs nobody, and a
+person settles the calls in doubt and resumes; the matrix's columns say which points finished by
+themselves and how long after the kill. (The test above runs the sweep without recovery, which is
+`RUN_RECOVERY=off`: today's behaviour, every dead run waiting for a person.)
+
 Then the effects (docs/architecture.md, "Effects"): a forced replay with the default choice
 (reuse recorded effects) sends exactly one email in total. Where the kill left the email's
 effect record `started` (inside the tool), that replay sends nothing and fails
@@ -31,6 +37,7 @@ import json
 import os
 import signal
 import textwrap
+import time
 from collections import Counter, defaultdict
 from datetime import timedelta
 
@@ -39,7 +46,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from agents.models import OutboxEmail
-from runs import effects, reconcile, replay, services
+from runs import effects, reconcile, recovery, replay, resume, services
 from runs.models import AgentRun, EffectStatus, RunStatus, ToolEffect
 from runs.tasks import execute_run
 from tests.helpers import EMAIL_ARGS, SAY_DONE, package_source, postgres_only, run_python
@@ -139,6 +146,8 @@ lifecycle.settle_run = KILL
 
 # (agent, point) -> Counter of outcome descriptions, printed at the end of the module.
 MATRIX: dict[tuple[str, int], Counter] = defaultdict(Counter)
+# point -> (finished by itself, seconds from the kill to success, emails) with recovery on.
+RECOVERY_MATRIX: dict[int, list[tuple[bool, float, int]]] = defaultdict(list)
 AGENTS = ["support", "mailer"]
 
 
@@ -250,6 +259,48 @@ def test_a_worker_killed_at_each_point_never_repeats_an_effect(agent, point, rep
     ] += 1
 
 
+def _chain(run: AgentRun) -> list[AgentRun]:
+    chain = [AgentRun.objects.get(pk=run.pk)]
+    while (nxt := AgentRun.objects.filter(resume_of=chain[-1]).first()) is not None:
+        chain.append(nxt)
+    return chain
+
+
+@pytest.mark.parametrize("point", sorted(POINTS))
+def test_with_recovery_each_point_ends_with_one_email(point, admin_user, settings):
+    settings.RUN_RECOVERY = "resume"
+    run = _crash_child(point, "support")
+    killed = time.monotonic()
+    by_itself = True
+    for _ in range(settings.RUN_RECOVERY_ATTEMPTS + 2):
+        # The world goes on: the sweep with its recovery, and django-q2 delivering what was enqueued.
+        reconcile.sweep(now=_past_the_stale_window())
+        recovery.recover_due(now=_past_the_stale_window())
+        execute_run(str(run.run_id))
+        end = _chain(run)[-1]
+        if end.status == RunStatus.QUEUED:
+            execute_run(str(end.run_id))
+            end.refresh_from_db()
+        if end.status == RunStatus.SUCCESS:
+            break
+        # The system left it for a person, for the reason it gives: a call that may have acted.
+        assert end.recovery == "needs_person" and "doubt" in end.recovery_detail, (end.error_code, end.recovery_detail)
+        by_itself = False
+        emails = OutboxEmail.objects.filter(run_id__in=[r.run_id for r in _chain(run)]).count()
+        call = end.tool_calls.filter(tool_name="send_email", settled_outcome="").first()
+        if call is not None:
+            effects.settle_call(run_id=end.run_id, call_id=call.call_id, actor=admin_user,
+                                outcome="done" if emails else "not_done", note=f"The outbox shows {emails} email(s).")
+        continued = resume.resume_run(end.run_id, actor=admin_user)
+        execute_run(str(continued.run_id))
+    took = time.monotonic() - killed
+    chain = _chain(run)
+    assert chain[-1].status == RunStatus.SUCCESS, [(r.status, r.error_code, r.recovery_detail) for r in chain]
+    emails = OutboxEmail.objects.filter(run_id__in=[r.run_id for r in chain]).count()
+    assert emails == 1, f"point {point}: {emails} emails"
+    RECOVERY_MATRIX[point].append((by_itself, took, emails))
+
+
 def _emails(run: AgentRun) -> int:
     return OutboxEmail.objects.filter(run_id=run.run_id).count()
 
@@ -266,12 +317,18 @@ def _forced_replay(run: AgentRun, actor, *, effects: str) -> AgentRun:
 @pytest.fixture(scope="module", autouse=True)
 def _print_the_matrix(request):
     yield
-    if not MATRIX:
+    if not MATRIX and not RECOVERY_MATRIX:
         return
     lines = ["", "Crash matrix (agent, point × outcome, emails per run, counts):"]
     for agent, point in sorted(MATRIX):
         for outcome, count in sorted(MATRIX[(agent, point)].items()):
             lines.append(f"  {agent} ({point}) {POINTS[point]['label']}: {outcome} × {count}")
+    if RECOVERY_MATRIX:
+        lines.append("With recovery on (point: finished by itself, seconds from the kill to success in-process, emails):")
+        for point, results in sorted(RECOVERY_MATRIX.items()):
+            for by_itself, took, emails in results:
+                lines.append(f"  ({point}) {POINTS[point]['label']}: {'yes' if by_itself else 'no, a person settled'}, "
+                             f"{took:.1f} s, emails {emails}")
     text = "\n".join(lines)
     capture = request.config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled():
@@ -286,6 +343,13 @@ def _print_the_matrix(request):
                         str(point): {"label": POINTS[point]["label"], "outcomes": dict(MATRIX[("support", point)])}
                         for agent, point in sorted(MATRIX)
                         if agent == "support"
+                    },
+                    "with_recovery": {
+                        str(point): [
+                            {"finished_by_itself": by_itself, "seconds_to_success": round(took, 2), "emails": emails}
+                            for by_itself, took, emails in results
+                        ]
+                        for point, results in sorted(RECOVERY_MATRIX.items())
                     },
                     # The same points for an agent loaded from AGENTS_DIR.
                     "loaded_agent_points": {

@@ -72,7 +72,7 @@ def test_the_migration_encrypts_secrets_stored_before_it():
     source = make_source()
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {WebhookSource._meta.db_table} SET secret = %s WHERE id = %s", [SECRET, source.pk])
-    migration = import_module("runs.migrations.0013_credentials")
+    migration = import_module("runs.migrations.0014_credentials")
     from django.apps import apps
 
     # What the data step uses of a schema editor (SQLite's cannot open inside the test's transaction).

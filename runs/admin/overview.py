@@ -93,6 +93,10 @@ def tiles(data: overview.Overview, *, inbox: bool, schedules: bool) -> list[Tile
              alert=data.calls_in_doubt.value > 0),
         Tile("reconciled-24h", "Runs reconciled in the last 24 h", data.reconciled_24h, runs_url("reconciled_24h"),
              "Their worker went silent; their outcome is unknown."),
+        Tile("recovered-24h", "Died and finished by themselves (24 h)", data.recovered_24h, runs_url("recovered_24h"),
+             "Nothing they did was in doubt, so the system continued each one as a resume."),
+        Tile("died-waiting", "Died and waiting for a person", data.died_waiting, runs_url("needs_person"),
+             "The system could not continue them safely; each run says why.", alert=data.died_waiting.value > 0),
         Tile("in-flight", "Runs in flight", data.in_flight.count, runs_url("in_flight"), "Queued or running."),
     ]
     if inbox and data.webhook_events is not None:

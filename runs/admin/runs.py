@@ -77,7 +77,7 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
         "lineage",
     ]
     list_display_links = ["short_id"]
-    list_filter = ["status", "trigger", AgentFilter, ToolsStateFilter, StaleRunningFilter, DeskFilter]
+    list_filter = ["status", "trigger", "recovery", AgentFilter, ToolsStateFilter, StaleRunningFilter, DeskFilter]
     search_fields = ["=run_id", "=owner_id", "=error_code", "error_message"]
     search_help_text = "A full run id, an owner id, an error code, or words from the error message."
     list_select_related = ["replay_of"]
@@ -93,9 +93,10 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
     fieldsets = [
         (None, {"fields": ["run_id", "status", "agent_name", "trigger", "owner_id", "created_by"]}),
         ("Input", {"fields": ["input_message", "input_params", "input_file_link", "input_file_sha256"]}),
-        ("Outcome", {"fields": ["tools_called", "error_code", "error_message", "result", "late_outcome_summary"]}),
+        ("Outcome", {"fields": ["tools_called", "error_code", "error_message", "result", "late_outcome_summary",
+                                "recovery", "recovery_detail"]}),
         ("Replay", {"fields": ["replay_of_link", "forced", "forced_by", "force_reason"]}),
-        ("Resume", {"fields": ["resume_of_link", "resumes_links", "agent_fingerprint"]}),
+        ("Resume", {"fields": ["resume_of_link", "resume_reason", "resumes_links", "agent_fingerprint"]}),
         (
             "Execution",
             {

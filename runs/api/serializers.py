@@ -229,7 +229,7 @@ class RunSerializer(serializers.ModelSerializer):
             "replay_of", "forced", "forced_by", "force_reason", "effects", "session_id", "conversation_id",
             "created_at", "started_at", "heartbeat_at", "finished_at", "worker",
             "cancel_requested_at", "cancel_requested_by",
-            "resume_of", "agent_fingerprint",
+            "resume_of", "agent_fingerprint", "resume_reason", "recovery", "recovery_detail",
         ]
         read_only_fields = fields
 

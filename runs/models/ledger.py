@@ -35,6 +35,15 @@ class EffectsChoice(models.TextChoices):
     REDO = "redo", "redo the effects"
 
 
+class Recovery(models.TextChoices):
+    """What the system did with a run that died (docs/architecture.md, "Recovery without a person")."""
+
+    RECOVERED = "recovered", "continued by the system"
+    PENDING = "pending", "to be continued by the system"
+    NEEDS_PERSON = "needs_person", "waits for a person"
+    EXHAUSTED = "exhausted", "recovery attempts used up"
+
+
 class AgentRun(models.Model):
     """One run of an agent, written down before anything executes.
 
@@ -58,6 +67,9 @@ class AgentRun(models.Model):
 
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
     attempts = models.PositiveIntegerField(default=0)
+    # The attempt that holds the run: a fresh id written by each claim. Every write made on
+    # behalf of the run is conditional on the run still being running under it (runs.leases).
+    lease = models.UUIDField(null=True, blank=True, editable=False)
     error_code = models.CharField(max_length=64, blank=True)
     error_message = models.TextField(blank=True)
     tools_executed = models.JSONField(
@@ -115,6 +127,13 @@ class AgentRun(models.Model):
     # sha256 of the agent's definition when the run started (agents.fingerprint): a resume
     # refuses a run whose agent has changed since.
     agent_fingerprint = models.CharField(max_length=64, blank=True)
+    # Why this run resumes its `resume_of`: "recovered" when the system continued a run that died
+    # (no person asked: `created_by` is empty); blank when a person resumed it.
+    resume_reason = models.CharField(max_length=16, blank=True)
+    # On a run that died (reconciled, or aborted by a drain): whether the system continued it, will,
+    # or left it for a person, and why (`recovery_detail`).
+    recovery = models.CharField(max_length=16, choices=Recovery.choices, blank=True)
+    recovery_detail = models.TextField(blank=True)
 
     class Meta:
         db_table = "agent_runs"
@@ -130,6 +149,11 @@ class AgentRun(models.Model):
             # the metrics of the last day by status and trigger, and the reconciled runs of the last day.
             models.Index(fields=["created_at", "status", "trigger"], name="run_created_status_trigger"),
             models.Index(fields=["error_code", "finished_at"], name="run_error_code_finished"),
+            # The desk's runs that died: those the system continued (last 24 h), those left for a person.
+            models.Index(fields=["finished_at"], condition=models.Q(recovery="recovered"), name="run_recovered_finished"),
+            models.Index(
+                fields=["run_id"], condition=models.Q(recovery__in=["needs_person", "exhausted"]), name="run_died_waiting"
+            ),
             # The failures a replay refuses without force (runs.overview's "awaiting a decision"),
             # small enough to walk whole; their conditions are the overview's filters verbatim,
             # which is what lets the planner use them.

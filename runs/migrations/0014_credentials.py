@@ -31,7 +31,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ("authtoken", "0004_alter_tokenproxy_options"),
-        ("runs", "0011_resume"),
+        ("runs", "0013_recovery"),
     ]
 
     operations = [

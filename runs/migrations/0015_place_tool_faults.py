@@ -6,7 +6,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0013_credentials'),
+        ('runs', '0014_credentials'),
     ]
 
     operations = [

@@ -1,0 +1,61 @@
+"""Noticing a worker's death at once: the cluster that started it reconciles its runs then.
+
+django-q2's sentinel (the guard of `qcluster`) checks its worker processes every half second and
+starts a new one for each that died (`Sentinel.reincarnate`). That is the one place that knows,
+at once, that a worker is gone: wrapped here, it reconciles the dead worker's runs (conditional
+on the leases that worker held: `runs.reconcile.reconcile_dead_worker`) and lets the system
+continue each of them when nothing of it is in doubt (`runs.recovery`). A lost machine, where no
+sentinel is left, is still found by heartbeat staleness (`runs.reconcile`).
+
+django-q2 has no signal for a worker's death; the wrapper keeps its behaviour and only adds to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+from django.db import close_old_connections
+from django_q.cluster import Sentinel
+
+from runs import reconcile, recovery
+
+logger = logging.getLogger(__name__)
+
+
+def after_worker_death(*, pid: int) -> int:
+    """Reconcile and recover the runs of this machine's dead worker process `pid`; how many were reconciled."""
+    worker = f"{socket.gethostname()}:{pid}"
+    close_old_connections()
+    landed = reconcile.reconcile_dead_worker(worker=worker)
+    for run in landed:
+        try:
+            recovery.recover(run_id=run.run_id)
+        except Exception:  # noqa: BLE001 - the sweep tries again
+            logger.exception("Run %s: could not be continued after its worker died", run.run_id)
+    return len(landed)
+
+
+_original_reincarnate = Sentinel.reincarnate
+
+
+def _reincarnate(self: Sentinel, process: Any) -> None:
+    # Only a worker that is dead already: a worker the guard ends for its timeout (never ours:
+    # a task lasts a claim) is still draining its runs.
+    died = process is not self.monitor and process is not self.pusher and not process.is_alive()
+    pid = process.pid
+    _original_reincarnate(self, process)
+    if not died:
+        return
+    try:
+        count = after_worker_death(pid=pid)
+    except Exception:  # noqa: BLE001 - staleness still catches them
+        logger.exception("Worker %s died; its runs could not be reconciled now", pid)
+        return
+    if count:
+        logger.warning("Worker %s died with %d run(s): reconciled at once", pid, count)
+
+
+def watch_worker_deaths() -> None:
+    Sentinel.reincarnate = _reincarnate

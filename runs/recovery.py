@@ -1,0 +1,141 @@
+"""Recovery without a person: a run that died is continued by the system when nothing needs one.
+
+A run reconciled (its worker went silent or died) or aborted by a drain (`worker_shutdown`) has a
+resume decision (`runs.resume.decide_resume`) that already knows whether continuing it is safe:
+nothing in doubt (every dangling call read only, answered by a done effect record, or none), the
+agent unchanged, the session present. With `RUN_RECOVERY=resume` (the default) the system then
+continues it as a resume (`resume_of`, trigger kept, `created_by` empty, `resume_reason`
+"recovered"), at most `RUN_RECOVERY_ATTEMPTS` per chain, each later attempt after a backoff
+(`RUN_RECOVERY_BACKOFF_SECONDS`, doubling). Otherwise the run waits on the desk for a person, and
+`recovery` / `recovery_detail` on it say why (docs/architecture.md, "Recovery without a person").
+
+Entry points: `recover` for one run (the death of a worker noticed by its cluster, a drain's aborted
+runs), `recover_due` for the periodic sweep (runs reconciled on read or elsewhere, and attempts
+whose backoff has elapsed). Both are idempotent: the original is locked while deciding, and a run
+has one successor.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from runs import lifecycle, reconcile
+from runs.counters import RECOVERIES
+from runs.models import AgentRun, Recovery, RunStatus, Trigger
+from runs.resume import chain_of, decide_resume, gather_resume_facts
+
+logger = logging.getLogger(__name__)
+
+RECOVERED = "recovered"
+WORKER_SHUTDOWN = "worker_shutdown"
+# The deaths the system may continue from: a reconciliation, a drain's abort.
+RECOVERABLE_CODES = (reconcile.RECONCILED, WORKER_SHUTDOWN)
+# How far back the sweep looks for runs to continue: a run that died long ago is a person's.
+HORIZON = timedelta(hours=1)
+
+
+def enabled() -> bool:
+    return settings.RUN_RECOVERY == "resume"
+
+
+def delay_before(attempt: int) -> float:
+    """Seconds after a death before the system's `attempt`-th continuation (0-based): at once, then doubling."""
+    if attempt <= 0:
+        return 0.0
+    return settings.RUN_RECOVERY_BACKOFF_SECONDS * 2 ** (attempt - 1)
+
+
+def _mark(run: AgentRun, state: str, detail: str) -> None:
+    AgentRun.objects.filter(pk=run.pk).update(recovery=state, recovery_detail=detail)
+    run.recovery, run.recovery_detail = state, detail
+
+
+def recover(*, run_id: uuid.UUID, now: datetime | None = None) -> AgentRun | None:
+    """Continue the run as a resume if the system may; None if it did not (the run says why)."""
+    if not enabled():
+        return None
+    now = now or timezone.now()
+    with transaction.atomic():
+        run = AgentRun.objects.select_for_update().filter(pk=run_id).first()
+        if (
+            run is None
+            or run.status != RunStatus.ERROR
+            or run.error_code not in RECOVERABLE_CODES
+            or run.recovery in (Recovery.RECOVERED, Recovery.NEEDS_PERSON, Recovery.EXHAUSTED)
+            or run.resumes.exists()
+            or run.replays.exists()
+        ):
+            return None
+        if run.trigger == Trigger.CHAT:
+            _mark(run, Recovery.NEEDS_PERSON, (
+                "Not continued by the system: a chat turn's client was waiting for its answer and has gone. "
+                "Resume it to continue the conversation."
+            ))
+            return None
+        used = sum(1 for earlier in chain_of(run) if earlier.resume_reason == RECOVERED)
+        attempts = settings.RUN_RECOVERY_ATTEMPTS
+        if used >= attempts:
+            _mark(run, Recovery.EXHAUSTED, (
+                f"Not continued by the system: it already continued this run's chain {used} time(s) "
+                f"(RUN_RECOVERY_ATTEMPTS={attempts}) and it died again. Check why before resuming it."
+            ))
+            return None
+        due = (run.finished_at or now) + timedelta(seconds=delay_before(used))
+        if due > now:
+            if run.recovery != Recovery.PENDING:
+                _mark(run, Recovery.PENDING, (
+                    f"To be continued by the system after {delay_before(used):g} s "
+                    f"(attempt {used + 1} of {attempts}, RUN_RECOVERY_BACKOFF_SECONDS)."
+                ))
+            return None
+        facts = gather_resume_facts(run)
+        decision = decide_resume(run, facts=facts)
+        if decision.refusal is not None:
+            _mark(run, Recovery.NEEDS_PERSON, (
+                f"Not continued by the system ({decision.refusal.code}): {decision.refusal.detail}"
+            ))
+            return None
+        resumed = AgentRun.objects.create(
+            **run.successor_fields(actor=None),
+            resume_of=run,
+            session_id=run.session_id,
+            conversation_id=run.conversation_id,
+            agent_fingerprint=facts.fingerprint_now,
+            resume_reason=RECOVERED,
+        )
+        _mark(run, Recovery.RECOVERED, (
+            f"Continued by the system as run {resumed.run_id} (attempt {used + 1} of {attempts}): nothing it "
+            "did was in doubt."
+        ))
+        resumed_id = resumed.run_id
+        transaction.on_commit(lambda: lifecycle.enqueue_run(resumed_id))
+    RECOVERIES.inc()
+    logger.warning("Run %s (%s) continued by the system as run %s", run.run_id, run.error_code, resumed.run_id)
+    return resumed
+
+
+def recover_due(*, now: datetime | None = None) -> list[AgentRun]:
+    """The sweep's part: every recent death not yet decided, and every attempt whose backoff elapsed."""
+    if not enabled():
+        return []
+    now = now or timezone.now()
+    candidates = list(
+        AgentRun.objects.filter(
+            status=RunStatus.ERROR,
+            error_code__in=RECOVERABLE_CODES,
+            recovery__in=["", Recovery.PENDING],
+            finished_at__gte=now - HORIZON,
+        ).values_list("run_id", flat=True)[:500]
+    )
+    recovered = []
+    for run_id in candidates:
+        resumed = recover(run_id=run_id, now=now)
+        if resumed is not None:
+            recovered.append(resumed)
+    return recovered
