@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 SEE_THE_DESK = "support can read the error on the run's page in the admin."
-# The outcomes whose stored message is the exception itself (runs.executor.describe_exception).
+# The outcomes whose stored message is the exception itself (runs.outcomes.describe_exception).
 EXCEPTION_OUTCOMES = {
     "tool_failed": f"A tool failed while the agent ran; {SEE_THE_DESK}",
     "agent_error": f"The agent failed; {SEE_THE_DESK}",

@@ -25,7 +25,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from runs import lifecycle, reconcile
+from runs import reconcile, services
 from runs.counters import RECOVERIES
 from runs.models import AgentRun, Recovery, RunStatus, Trigger
 from runs.resume import chain_of, decide_resume, gather_resume_facts
@@ -101,8 +101,9 @@ def recover(*, run_id: uuid.UUID, now: datetime | None = None) -> AgentRun | Non
                 f"Not continued by the system ({decision.refusal.code}): {decision.refusal.detail}"
             ))
             return None
-        resumed = AgentRun.objects.create(
-            **run.successor_fields(actor=None),
+        resumed = services.write_queued_run(
+            actor=None,
+            **run.successor_fields(),
             resume_of=run,
             session_id=run.session_id,
             conversation_id=run.conversation_id,
@@ -113,8 +114,6 @@ def recover(*, run_id: uuid.UUID, now: datetime | None = None) -> AgentRun | Non
             f"Continued by the system as run {resumed.run_id} (attempt {used + 1} of {attempts}): nothing it "
             "did was in doubt."
         ))
-        resumed_id = resumed.run_id
-        transaction.on_commit(lambda: lifecycle.enqueue_run(resumed_id))
     RECOVERIES.inc()
     logger.warning("Run %s (%s) continued by the system as run %s", run.run_id, run.error_code, resumed.run_id)
     return resumed

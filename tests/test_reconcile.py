@@ -312,11 +312,13 @@ def test_the_periodic_job_reconciles_and_reports(settings):
     settings.RUN_STALE_AFTER_SECONDS = 60
     run = _running(heartbeat_age=timedelta(minutes=2))
     assert reconcile_job() == (
-        "1 stale run(s) reconciled, 0 queued run(s) enqueued again, 0 abandoned chat turn(s) cancelled"
+        "1 stale run(s) reconciled, 0 queued run(s) enqueued again, 0 abandoned chat turn(s) cancelled, "
+        "0 run(s) continued by the system"
     )
     assert AgentRun.objects.get(pk=run.run_id).error_code == "reconciled"
     assert reconcile_job() == (
-        "0 stale run(s) reconciled, 0 queued run(s) enqueued again, 0 abandoned chat turn(s) cancelled"
+        "0 stale run(s) reconciled, 0 queued run(s) enqueued again, 0 abandoned chat turn(s) cancelled, "
+        "0 run(s) continued by the system"
     )
 
 

@@ -22,7 +22,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from agents.models import CrmNote, OutboxEmail
-from runs import executor, reconcile, recovery, services
+from runs import executor, outcomes, reconcile, recovery, services
 from runs.models import AgentRun, Recovery, RunStatus
 from tests.factories import make_run
 from tests.helpers import BASE_DIR, SEND_EMAIL, UPDATE_CRM, child_env, postgres_only, run_now, script_params
@@ -50,7 +50,7 @@ def _execute(run: AgentRun) -> AgentRun:
 
 
 @db
-@pytest.mark.parametrize("died_as", [reconcile.RECONCILED, executor.WORKER_SHUTDOWN])
+@pytest.mark.parametrize("died_as", [reconcile.RECONCILED, outcomes.WORKER_SHUTDOWN])
 def test_a_run_that_died_between_two_tools_is_continued_by_the_system(died_as, model_down_at_second_call):
     original = _died_between_two_tools(model_down_at_second_call, error_code=died_as)
     resumed = recovery.recover(run_id=original.run_id)
