@@ -273,7 +273,7 @@ def test_replay_reports_each_run(lee):
     messages = texts(response)
     assert len(messages) == 3
     assert ("warning", f"{label(called)}: This run already called send_email before failing: a replay would call "
-                       f"them again. {ADMIN_HINT}") in messages
+                       f"it again. {ADMIN_HINT}") in messages
     assert ("warning", f"{label(unknown)}: It is unknown whether this run called any tool before failing, so a "
                        f"replay could repeat a side effect. {ADMIN_HINT}") in messages
     assert AgentRun.objects.filter(replay_of=ok).count() == 1

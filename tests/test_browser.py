@@ -164,6 +164,11 @@ def test_the_desk_overview_and_a_live_run_page(live_server, support_lead, monkey
     run_in_state("error_unknown")
     make_run(tools=None, error_code="reconciled", finished_at=now - timedelta(hours=1))
 
+    # lee's own slow run: its script places a hang, which needs runs.place_tool_faults.
+    from django.contrib.auth.models import Permission
+
+    support_lead.user_permissions.add(Permission.objects.get(codename="place_tool_faults"))
+    support_lead = type(support_lead).objects.get(pk=support_lead.pk)
     run = services.start_run(
         agent_name="support", message="Look up Jane, slowly.", owner_id=support_lead.get_username(),
         created_by=support_lead,
