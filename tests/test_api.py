@@ -182,7 +182,7 @@ def test_a_huge_upload_is_refused_before_it_is_read(as_alice, settings):
     assert "MAX_UPLOAD_BYTES" in body["detail"]
 
 
-def test_an_upload_just_over_the_limit_is_a_400_and_leaves_nothing(as_alice, settings):
+def test_an_upload_just_over_the_limit_is_a_413_and_leaves_nothing(as_alice, settings):
     from django.core.files.uploadedfile import SimpleUploadedFile
 
     settings.MAX_UPLOAD_BYTES = 1000
@@ -191,8 +191,9 @@ def test_an_upload_just_over_the_limit_is_a_400_and_leaves_nothing(as_alice, set
         {"agent": "support", "message": "hi", "owner_id": "jane", "file": SimpleUploadedFile("a.bin", b"x" * 1001)},
         format="multipart",
     )
-    body = assert_error(response, 400, "invalid")
+    body = assert_error(response, 413, "request_too_large")
     assert "MAX_UPLOAD_BYTES" in body["errors"]["file"][0]
+    assert body["limit"] == 1000
     assert AgentRun.objects.count() == 0
 
 

@@ -205,3 +205,10 @@ def test_the_agents_and_workflows_a_run_may_name_are_those_that_exist_now():
 
     assert enums()["workflow"] == ["refund_review"]
     assert {"support", "refund_review"} <= set(enums()["agent"])
+
+
+def test_every_throttled_operation_documents_its_429(schema):
+    paths = schema["paths"]
+    for path, method in [("/api/runs/", "post"), ("/api/runs/{run_id}/replay/", "post"),
+                         ("/api/runs/{run_id}/resume/", "post")]:
+        assert "429" in paths[path][method]["responses"], (path, method)

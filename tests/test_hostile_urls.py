@@ -164,3 +164,10 @@ def test_an_upload_just_over_the_limit_is_a_413(alice, settings, monkeypatch, tm
     body = refused(response, 413, "request_too_large")
     assert body["limit"] == 1000 and "MAX_UPLOAD_BYTES" in body["detail"]
     assert not AgentRun.objects.exists()
+
+
+@pytest.mark.parametrize("path", ["/api/runs/", "/api/chat/", "/api/webhooks/inbound/", "/api/memory/"])
+def test_trace_is_a_405_that_says_what_is_allowed(alice, path):
+    response = api(alice).generic("TRACE", path)
+    refused(response, 405, "method_not_allowed")
+    assert response["Allow"]

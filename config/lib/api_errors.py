@@ -64,7 +64,8 @@ def api_exception_handler(exc: Exception, context: dict) -> Response | None:
     if isinstance(exc, DjangoValidationError):
         errors = exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
         if isinstance(exc, TooLargeInput):
-            body = {"code": "request_too_large", "detail": " ".join(_flatten(errors)), "limit": exc.limit}
+            body = {"code": "request_too_large", "detail": " ".join(_flatten(errors)), "limit": exc.limit,
+                    "errors": errors}
             return Response(body, status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
         return Response(validation_body(errors), status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, RequestDataTooBig):

@@ -132,7 +132,9 @@ class ChatStream(StreamingHttpResponse):
 @csrf_exempt  # CSRF is enforced for session-authenticated requests only, as DRF does
 async def chat_turn(request: HttpRequest):
     if request.method != "POST":
-        return error_response(drf_exceptions.MethodNotAllowed(request.method))
+        refused = error_response(drf_exceptions.MethodNotAllowed(request.method))
+        refused["Allow"] = "POST"  # a 405 names what the resource does allow (RFC 9110)
+        return refused
     try:
         user = await authenticate(request)
         wait = await sync_to_async(throttle_wait)(scope=CHAT_TURN, request=request, user=user)

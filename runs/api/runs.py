@@ -260,10 +260,12 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             "A run has one successor (`already_resumed` / `already_replayed`: resume or replay that one); "
             "`conversation_moved_on`: a chat turn the conversation went on after; `session_gone`: its events were "
             "purged; `agent_changed`: its definition changed (replay instead); `calls_in_doubt`: settle them first. "
-            "`GET /api/runs/{id}/` shows the decision now as `resume_decision`."
+            "`GET /api/runs/{id}/` shows the decision now as `resume_decision`. Resumes share the replays' "
+            "throttle (THROTTLE_REPLAYS) and the runs-in-flight cap: 429 `throttled` or `too_many_runs_in_flight` "
+            "with Retry-After."
         ),
         request=EmptySerializer,
-        responses={202: RunSerializer, **errors(400, 401, 403, 404, 409, 410, 415)},
+        responses={202: RunSerializer, **errors(400, 401, 403, 404, 409, 410, 413, 415, 429)},
         examples=[
             OpenApiExample(
                 "Refused",
