@@ -7,7 +7,7 @@ import os
 import pytest
 
 from agents import registry
-from tests.helpers import package_source, run_now
+from tests.helpers import api_as, package_source, run_now
 
 pytestmark = pytest.mark.django_db
 
@@ -58,10 +58,10 @@ def test_a_package_that_exits_at_import_is_a_load_error_and_the_others_run(agent
 
 
 def test_the_api_lists_a_package_that_exits_at_import_with_the_others(agents_dir, alice):
-    from tests.test_agents_dir import api_client
+
 
     agents_dir(exits=EXITS_AT_IMPORT, desk=package_source("desk"))
-    listed = api_client(alice).get("/api/agents/")
+    listed = api_as(alice).get("/api/agents/")
     assert listed.status_code == 200
     by_name = {agent["name"]: agent for agent in listed.json()}
     assert "SystemExit" in by_name["exits"]["load_error"]
@@ -184,12 +184,12 @@ def _shown(text: str, tmp_path) -> None:
 
 
 def test_mcp_sources_are_redacted_for_people_who_may_not_configure_agents(secret_mcp, alice, support_agent, tmp_path):
-    from tests.test_agents_dir import api_client
 
-    listed = api_client(alice).get("/api/agents/")
+
+    listed = api_as(alice).get("/api/agents/")
     assert listed.status_code == 200
     _shown(listed.content.decode(), tmp_path)
-    body = api_client(alice).get("/api/agents/secret_mcp/").json()
+    body = api_as(alice).get("/api/agents/secret_mcp/").json()
     details = {tool["detail"] for tool in body["tools"]}
     assert details == {f"{__import__('sys').executable.rsplit('/', 1)[-1]} mcp_server.py (1 argument hidden)"}
     assert body["tool_errors"] and "http://127.0.0.1:9/…" in body["tool_errors"][0]
@@ -207,11 +207,11 @@ def test_mcp_sources_are_redacted_for_people_who_may_not_configure_agents(secret
 def test_people_who_may_configure_agents_see_the_sources(secret_mcp, bare_staff, tmp_path):
     from django.contrib.auth.models import Permission
 
-    from tests.test_agents_dir import api_client
+
 
     bare_staff.user_permissions.add(Permission.objects.get(codename="configure_agents", content_type__app_label="agents"))
     staff = type(bare_staff).objects.get(pk=bare_staff.pk)
-    body = api_client(staff).get("/api/agents/secret_mcp/").json()
+    body = api_as(staff).get("/api/agents/secret_mcp/").json()
     assert any("--api-key=sk-live-123" in tool["detail"] for tool in body["tools"])
     assert body["path"] == str(tmp_path / "agents" / "secret_mcp")
     # The environment is passed to the server, never shown, whoever asks.
@@ -278,11 +278,11 @@ def test_without_the_permission_faults_are_refused_and_never_honoured(refund_log
 
     from runs import services
     from runs.refusals import FaultsNotPermitted
-    from tests.test_agents_dir import api_client
+
 
     settings.SCRIPTED_FAULTS_ENABLED = True
     settings.SCRIPTS_FROM_USERS_ALLOWED = True
-    refused = api_client(bob).post(
+    refused = api_as(bob).post(
         "/api/runs/", {"agent": "desk", "message": "Refund", "owner_id": "bob",
                        "params": _refunds_script(crash="before_effect")}, format="json",
     )
@@ -346,18 +346,18 @@ root_agent = LlmAgent(name="quiet", model="gemini-2.5-flash", description="Has n
 
 def test_an_offline_agent_with_no_script_is_refused_with_a_400(agents_dir, alice, settings):
     from runs.models import AgentRun
-    from tests.test_agents_dir import api_client
+
 
     settings.SCRIPTS_FROM_USERS_ALLOWED = True
     agents_dir(quiet=NO_SCRIPT)
-    refused = api_client(alice).post("/api/runs/", {"agent": "quiet", "message": "Hello", "owner_id": "jane"},
+    refused = api_as(alice).post("/api/runs/", {"agent": "quiet", "message": "Hello", "owner_id": "jane"},
                                      format="json")
     assert refused.status_code == 400, refused.content
     assert "has no script to play" in refused.json()["errors"]["params"][0]
     assert "DEFAULT_SCRIPT" in refused.json()["errors"]["params"][0]
     assert not AgentRun.objects.exists()
 
-    given = api_client(alice).post(
+    given = api_as(alice).post(
         "/api/runs/", {"agent": "quiet", "message": "Hello", "owner_id": "jane",
                        "params": {"script": [{"say": "Hello."}]}}, format="json",
     )

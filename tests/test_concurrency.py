@@ -75,7 +75,7 @@ def test_a_pool_keeps_many_runs_in_flight_at_once_and_settles_each_once():
     slow = script_params(dict(LOOKUP, latency=0.5), dict(SEND_EMAIL, latency=0.5), {"say": "Done.", "latency": 0.5})
     runs = _start(10, slow)
     started = time.monotonic()
-    assert [pool.submit(run_id=r.run_id, wait_timeout=5) for r in runs] == [worker.STARTED] * 10
+    assert [pool.submit(run_id=r.run_id, wait_seconds=5) for r in runs] == [worker.STARTED] * 10
     wait_until(lambda: pool.in_flight == 0, timeout=60, what="the runs to settle")
     took = time.monotonic() - started
 
@@ -86,7 +86,7 @@ def test_a_pool_keeps_many_runs_in_flight_at_once_and_settles_each_once():
         assert run.tools_executed == ["lookup_customer", "send_email"]
         assert OutboxEmail.objects.filter(run_id=run.run_id).count() == 1
     # A redelivered task finds nothing to claim, in the pool or outside it.
-    assert pool.submit(run_id=runs[0].run_id, wait_timeout=1) == worker.NOT_CLAIMED
+    assert pool.submit(run_id=runs[0].run_id, wait_seconds=1) == worker.NOT_CLAIMED
     assert execute_run(str(runs[0].run_id)) == "not claimed"
     assert OutboxEmail.objects.count() == 10
 
@@ -95,12 +95,12 @@ def test_a_full_pool_takes_no_more_and_hands_the_run_back_to_the_broker(admin_us
     pool = worker.RunPool(capacity=2)
     busy = _start(2, HANGING)
     for run in busy:
-        assert pool.submit(run_id=run.run_id, wait_timeout=5) == worker.STARTED
+        assert pool.submit(run_id=run.run_id, wait_seconds=5) == worker.STARTED
     [waiting] = _start(1, HANGING)
     OrmQ.objects.all().delete()
 
     asked = time.monotonic()
-    assert pool.submit(run_id=waiting.run_id, wait_timeout=0.5) == worker.HANDED_BACK
+    assert pool.submit(run_id=waiting.run_id, wait_seconds=0.5) == worker.HANDED_BACK
     assert time.monotonic() - asked >= 0.5, "the task did not wait for a slot"
     waiting.refresh_from_db()
     assert (waiting.status, waiting.attempts) == (RunStatus.QUEUED, 0)
@@ -109,9 +109,9 @@ def test_a_full_pool_takes_no_more_and_hands_the_run_back_to_the_broker(admin_us
 
     # A slot that frees is taken by the next task.
     services.cancel_run(busy[0].run_id, actor=admin_user)
-    assert pool.submit(run_id=waiting.run_id, wait_timeout=30) == worker.STARTED
+    assert pool.submit(run_id=waiting.run_id, wait_seconds=30) == worker.STARTED
     wait_until(lambda: _in_hanging_tool([waiting]) == 1, timeout=30, what="the third run to start")
-    assert pool.drain(timeout=0)
+    assert pool.drain(seconds=0)
     assert _statuses(busy + [waiting]) == {RunStatus.CANCELLED: 1, RunStatus.ERROR: 2}
 
 
@@ -119,7 +119,7 @@ def test_cancelling_one_run_among_many_leaves_the_others_running(admin_user):
     pool = worker.RunPool(capacity=20)
     runs = _start(8, HANGING)
     for run in runs:
-        assert pool.submit(run_id=run.run_id, wait_timeout=5) == worker.STARTED
+        assert pool.submit(run_id=run.run_id, wait_seconds=5) == worker.STARTED
     wait_until(lambda: _in_hanging_tool(runs) == 8, timeout=60, what="every run to reach its hanging tool")
 
     asked = time.monotonic()
@@ -138,7 +138,7 @@ def test_cancelling_one_run_among_many_leaves_the_others_running(admin_user):
     time.sleep(settings.RUN_HEARTBEAT_SECONDS * 3)
     after = {r.pk: r.heartbeat_at for r in AgentRun.objects.filter(status=RunStatus.RUNNING)}
     assert all(after[pk] > before[pk] for pk in before)
-    pool.drain(timeout=0)
+    pool.drain(seconds=0)
 
 
 def test_a_drain_lets_finishing_runs_finish_and_aborts_the_rest_with_their_tools_listed(settings):
@@ -147,11 +147,11 @@ def test_a_drain_lets_finishing_runs_finish_and_aborts_the_rest_with_their_tools
     finishing = _start(3, script_params(dict(LOOKUP, latency=0.5), {"say": "Done.", "latency": 0.5}))
     stuck = _start(3, HANGING)
     for run in stuck + finishing:
-        assert pool.submit(run_id=run.run_id, wait_timeout=5) == worker.STARTED
+        assert pool.submit(run_id=run.run_id, wait_seconds=5) == worker.STARTED
     wait_until(lambda: _in_hanging_tool(stuck) == 3, timeout=60, what="the stuck runs to reach their tool")
 
     asked = time.monotonic()
-    aborted = pool.drain(timeout=settings.RUN_DRAIN_SECONDS)
+    aborted = pool.drain(seconds=settings.RUN_DRAIN_SECONDS)
     took = time.monotonic() - asked
 
     assert sorted(aborted) == sorted(r.run_id for r in stuck)
@@ -165,7 +165,7 @@ def test_a_drain_lets_finishing_runs_finish_and_aborts_the_rest_with_their_tools
     assert CrmNote.objects.count() == 0  # stopped before the hanging tool's effect
     # A draining pool claims nothing more; the run stays queued for another worker.
     [late] = _start(1, HANGING)
-    assert pool.submit(run_id=late.run_id, wait_timeout=5) == worker.HANDED_BACK
+    assert pool.submit(run_id=late.run_id, wait_seconds=5) == worker.HANDED_BACK
     assert AgentRun.objects.get(pk=late.pk).status == RunStatus.QUEUED
 
 
@@ -175,7 +175,7 @@ def test_one_heartbeat_refreshes_every_run_of_the_process_and_reads_their_cancel
         assert lifecycle.claim_run(run_id=run.run_id, worker="w1")
     services.cancel_run(runs[1].run_id, actor=admin_user)
     lifecycle.settle_run(run_id=runs[4].run_id, status=RunStatus.SUCCESS)
-    past = timezone.now() - timedelta(timeout=5)
+    past = timezone.now() - timedelta(seconds=5)
     AgentRun.objects.update(heartbeat_at=past)
 
     held = dict(AgentRun.objects.filter(pk__in=[r.pk for r in runs]).values_list("pk", "lease"))
@@ -191,9 +191,9 @@ def test_one_heartbeat_refreshes_every_run_of_the_process_and_reads_their_cancel
 def test_a_run_whose_task_died_before_the_claim_starts_again_at_the_next_sweep_and_runs_once():
     [run] = _start(1, script_params(SEND_EMAIL, SAY_DONE), enqueue=True)
     # A worker took the task from the broker (its lease runs until `retry`) and died.
-    OrmQ.objects.update(lock=timezone.now() + timedelta(timeout=settings.Q_CLUSTER["retry"]))
+    OrmQ.objects.update(lock=timezone.now() + timedelta(seconds=settings.Q_CLUSTER["retry"]))
     AgentRun.objects.filter(pk=run.pk).update(
-        created_at=timezone.now() - timedelta(timeout=settings.RUN_REQUEUE_AFTER_SECONDS + 1)
+        created_at=timezone.now() - timedelta(seconds=settings.RUN_REQUEUE_AFTER_SECONDS + 1)
     )
     assert settings.RUN_REQUEUE_AFTER_SECONDS <= 60
 
@@ -266,7 +266,7 @@ def test_a_worker_killed_with_50_runs_in_flight_settles_every_run_once_in_one_sw
     assert _statuses(runs) == {RunStatus.RUNNING: 50}
 
     # Their one heartbeat stopped for all of them at once: one sweep, past the stale window.
-    report = reconcile.sweep(now=timezone.now() + timedelta(timeout=settings.RUN_STALE_AFTER_SECONDS + 1))
+    report = reconcile.sweep(now=timezone.now() + timedelta(seconds=settings.RUN_STALE_AFTER_SECONDS + 1))
     assert sorted(r.run_id for r in report.reconciled) == sorted(r.run_id for r in runs)
 
     for run in AgentRun.objects.filter(pk__in=[r.pk for r in runs]):

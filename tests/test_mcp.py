@@ -18,7 +18,7 @@ from django.utils import timezone
 from runs import reconcile, replay
 from runs.models import AgentRun, RunStatus, ToolCall, ToolCallStatus
 from runs.tasks import execute_run
-from tests.helpers import BASE_DIR, MCP_SERVER, child_env, package_source, run_now
+from tests.helpers import BASE_DIR, MCP_SERVER, api_as, child_env, package_source, run_now
 
 # Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -42,7 +42,6 @@ def mcp_desk(agents_dir, mcp_env):
 
 
 def test_mcp_tools_are_listed_with_their_server_and_hints(mcp_desk, alice):
-    from tests.test_agents_dir import api_client
 
     assert mcp_desk.load_error == "" and mcp_desk.tool_errors == []
     command = f"{sys.executable} {MCP_SERVER}"
@@ -55,7 +54,7 @@ def test_mcp_tools_are_listed_with_their_server_and_hints(mcp_desk, alice):
 
     # alice may not configure agents: she sees the program and the script, not their folders.
     shown = f"{os.path.basename(sys.executable)} mcp_server.py"
-    body = api_client(alice).get("/api/agents/mcp_desk/").json()
+    body = api_as(alice).get("/api/agents/mcp_desk/").json()
     assert {(t["name"], t["source"], t["detail"]) for t in body["tools"]} == {
         ("read_ticket", "mcp", shown), ("close_ticket", "mcp", shown),
     }
@@ -78,9 +77,8 @@ def test_an_mcp_agent_runs_under_the_ledger_with_its_calls_journaled(mcp_desk, m
 
 
 def test_a_script_naming_a_tool_the_server_does_not_have_is_refused(mcp_desk, alice):
-    from tests.test_agents_dir import api_client
 
-    response = api_client(alice).post(
+    response = api_as(alice).post(
         "/api/runs/", {"agent": "mcp_desk", "message": "x", "owner_id": "jane",
                        "params": {"script": [{"call": "delete_ticket", "args": {}}]}}, format="json",
     )
