@@ -176,7 +176,7 @@ def support_conversation(request: SeenRequest) -> dict:
     for content in reversed(request.contents):
         parts = content.get("parts", [])
         if content.get("role") == "user" and not any("functionResponse" in part for part in parts):
-            if not any(part.get("text", "").startswith("<PAST_CONVERSATIONS>") for part in parts):
+            if not any("<PAST_CONVERSATIONS>" in part.get("text", "") for part in parts):
                 break
             continue
         answered += sum(1 for part in parts if "functionResponse" in part)

@@ -230,6 +230,27 @@ def test_parallel_calls_in_one_answer_run_once_each_and_answer_together(gemini):
     assert [p.get("thoughtSignature") for p in model_turn["parts"]] == [fg.signature("parallel"), None]
 
 
+def test_the_runs_file_reaches_every_model_call_beside_the_owners_memories(gemini):
+    gemini.responder = fg.support_conversation
+    first = run_now(message="Jane asks about her refund.")
+    assert first.status == RunStatus.SUCCESS, first.error_message
+    gemini.requests.clear()
+    photo = b"\x89PNG\r\n\x1a\n" + os.urandom(300)
+
+    second = run_now(message="Jane asks about her refund again.", file=io.BytesIO(photo), file_name="receipt.png")
+
+    assert second.status == RunStatus.SUCCESS, second.error_message
+    assert len(gemini.requests) == 4
+    for request in gemini.requests:
+        # ADK puts the owner's memories after the latest tool answer; the run's file stays whole.
+        assert any("<PAST_CONVERSATIONS>" in text and "Jane asks about her refund." in text for text in request.texts())
+        # google-genai sends the bytes URL-safe base64-encoded.
+        assert [(d.get("mimeType") or d.get("mime_type"), base64.urlsafe_b64decode(d["data"])) for d in request.inline_data()] == [
+            ("image/png", photo)
+        ]
+        assert not any(text.startswith("<stripped:") for text in request.texts())
+
+
 def test_a_conversations_earlier_file_is_stripped_and_its_latest_kept(gemini):
     gemini.add(DONE, DONE)
     earlier, latest = os.urandom(300), os.urandom(300)
