@@ -19,6 +19,13 @@ flight, its CPU use and PostgreSQL's (as shares of all cores), and the database 
 open during the run.
 
     python bench/concurrency.py [--runs 500] [--latency 1] [--serial-runs 20]
+
+`--wire` measures the same cluster with every model call over HTTP: the real google-genai client
+(GOOGLE_API_KEY set, AGENT_MODEL=gemini-2.5-flash) against `tests/fake_gemini.py`, which answers
+the support agent's conversation after `--latency` seconds; the peer is the scripted cluster
+measured in the same invocation.
+
+    python bench/concurrency.py --wire [--runs 100] [--latency 1]
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--latency", type=float, default=1.0, help="seconds per model call")
     parser.add_argument("--serial-runs", type=int, default=20, help="runs for (c), RUN_CONCURRENCY=1")
     parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--wire", action="store_true", help="model calls over HTTP against a local fake Gemini")
     args = parser.parse_args()
     if min(args.runs, args.serial_runs) < 1 or args.latency < 0 or args.warmup < 0:
         parser.error("--runs and --serial-runs must be positive, --latency and --warmup not negative")
@@ -69,8 +77,50 @@ def main() -> None:
     os.environ.setdefault("EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBackend")
     os.environ.setdefault("SCRIPTS_FROM_USERS_ALLOWED", "true")
     os.environ.setdefault("MAX_RUNS_IN_FLIGHT_PER_USER", "0")
-    with bench_database("concurrency"):
-        measure(args)
+    # Its own database in --wire mode: a plain run of this benchmark may be using the other.
+    with bench_database("concurrency_wire" if args.wire else "concurrency"):
+        measure_wire(args) if args.wire else measure(args)
+
+
+def measure_wire(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(PROJECT_DIR))
+    from agents.models import Customer
+    from tests.fake_gemini import FakeGemini, support_conversation
+
+    Customer.objects.get_or_create(
+        email="jane@example.com", defaults={"name": "Jane Doe", "contact_id": "C-1001", "plan": "pro"}
+    )
+    print(f"{args.runs} runs, 4 model calls each, {args.latency:g} s per model call; scripted, then over HTTP",
+          flush=True)
+    results = {"scripted": _said("scripted", cluster_pass(count=args.runs, latency=args.latency, warmup=args.warmup))}
+    with FakeGemini(responder=support_conversation, latency=args.latency) as fake:
+        wire = cluster_pass(count=args.runs, latency=args.latency, warmup=args.warmup,
+                            AGENT_MODEL="gemini-2.5-flash", **fake.env())
+        wire["provider_in_flight_max"] = fake.max_in_flight
+        wire["requests"] = len(fake.requests)
+    results["wire"] = _said("wire", wire)
+    print()
+    print_table(
+        ["model", "runs", "runs/s", "in flight max", "run s p50", "run s p95", "CPU share", "at the provider max"],
+        [
+            [key, r["runs"], f"{r['runs_per_s']:.1f}", r["in_flight_max"], f"{r['duration']['median']:.2f}",
+             f"{r['duration']['p95']:.2f}", f"{r['cpu_share']:.0%}", r.get("provider_in_flight_max", "-")]
+            for key, r in results.items()
+        ],
+    )
+    ratio = wire["runs_per_s"] / results["scripted"]["runs_per_s"]
+    print(f"\nwire/scripted throughput = {ratio:.2f}; {wire['requests']} HTTP model calls")
+    save_results(
+        "concurrency_wire",
+        [
+            row("runs/s, model calls over HTTP", round(wire["runs_per_s"], 1), "runs/s",
+                peer="scripted model, same cluster", peer_value=round(results["scripted"]["runs_per_s"], 1)),
+            row("run duration p95, over HTTP", round(wire["duration"]["p95"], 2), "s",
+                peer="scripted model", peer_value=round(results["scripted"]["duration"]["p95"], 2)),
+            row("model calls in flight at the provider, max", wire["provider_in_flight_max"], "calls"),
+        ],
+        runs=args.runs, latency_s=args.latency, contenders=results,
+    )
 
 
 # --- The cluster's processes, read from /proc ----------------------------------------------------
