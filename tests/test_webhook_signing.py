@@ -287,6 +287,7 @@ def test_several_digests_are_accepted_when_one_is_right(by_header, enqueued):
     assert (WebhookEvent.objects.count(), AgentRun.objects.count()) == (1, 1)
 
 
+@processed_by_a_run
 def test_uppercase_hex_and_surrounding_whitespace_are_accepted(by_header, body_only, enqueued):
     body = event_body("m-1")
     t, v1 = signing.sign_timestamped(SECRET, body, message_id="m-1").split(",")
