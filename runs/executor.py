@@ -40,7 +40,7 @@ from agents.scripted import ScriptedModelError
 from agents.workflows import StepEndedWithError, compile_workflow, original_error
 from memory.adk import memory_service
 from memory.services import remember_events
-from runs import lifecycle, telemetry
+from runs import approvals, lifecycle, telemetry
 from runs.counters import MODEL_RETRIES
 from runs.effects import EffectsPlugin, effect_in_doubt_of
 from runs.heartbeat import process_heartbeat
@@ -61,6 +61,8 @@ class Outcome:
     # The run's stored events as ADK yielded them: what a successful run adds to memory,
     # without reading the session back.
     events: list[Event] = field(default_factory=list)
+    # The calls a `waiting` outcome waits for (runs.approvals).
+    waits: list[approvals.Wait] = field(default_factory=list)
 
 
 class RunControl:
@@ -218,7 +220,11 @@ async def run_agent(
     steps = RunStepRecorder(run.run_id) if run.workflow else None
     # A resumed run continues its original's session: no new user message, an answer for each
     # dangling call instead, and its scripted models where the original's stopped.
-    plan: ResumePlan | None = await sync_to_async(resume_plan)(run) if run.resume_of_id else None
+    # A run claimed again after it waited goes on with the answers it waited for (runs.approvals);
+    # a resume answers its original's dangling calls on its first attempt only.
+    going_on = await sync_to_async(approvals.continuation)(run) if run.attempts > 1 else None
+    first_resume = run.resume_of_id and run.attempts <= 1
+    plan: ResumePlan | None = await sync_to_async(resume_plan)(run) if first_resume else None
     if plan is not None and plan.final_text is not None:
         # Nothing was left unanswered and the agent had already answered: that answer is the result
         # (another model call would only say something else after it).
@@ -230,7 +236,8 @@ async def run_agent(
     else:
         # The run's own wrapped copy of the loaded agent tree; the package's App keeps its plugins.
         spec = get_agent_spec(run.agent_name)
-        root = build_agent(spec, params=run.params, positions=plan.positions if plan else None)
+        positions = going_on.positions if going_on else plan.positions if plan else None
+        root = build_agent(spec, params=run.params, positions=positions)
         app = build_app(spec, root=root, name=run.agent_name, plugins=plugins)
     # Set before ADK creates its tasks, which copy the context: every model call finds the log.
     log_token = current_retry_log.set(retries)
@@ -242,6 +249,11 @@ async def run_agent(
         pass  # a conversation's session, created by its first turn
     if plan is not None and plan.responses is not None:
         await append_responses(run, plan)
+    if going_on is not None:
+        await sync_to_async(approvals.mark_delivered)(run=run, call_ids=going_on.call_ids)
+        new_message = going_on.message
+    else:
+        new_message = None if plan is not None or run.attempts > 1 else user_content(run)
     runner = Runner(app=app, session_service=sessions, memory_service=memory_service())
     abort_event = asyncio.Event()
     control.attach(asyncio.get_running_loop(), abort_event)
@@ -253,7 +265,7 @@ async def run_agent(
             user_id=run.owner_id,
             session_id=run.session_id,
             invocation_id=run.invocation_id,
-            new_message=None if plan is not None else user_content(run),
+            new_message=new_message,
             run_config=RunConfig(custom_metadata={"run_id": str(run.run_id)}),
             abort_signal=abort_event,
             yield_user_message=True,
@@ -306,6 +318,9 @@ async def run_agent(
             return Outcome(RunStatus.ERROR, code.lower()[:64], message or code)
     if steps is not None:
         return Outcome(RunStatus.SUCCESS, result=output_text(steps.final_output), events=events)
+    waits = approvals.waits_in(events)
+    if waits:
+        return Outcome(RunStatus.WAITING, result="\n".join(texts), waits=waits)
     return Outcome(RunStatus.SUCCESS, result="\n".join(texts), events=events)
 
 
@@ -344,6 +359,10 @@ def finish(run_id: uuid.UUID, control: RunControl, outcome: Outcome) -> None:
     control.stop()
     # One commit for the outcome and the memories it feeds; the memories sit in a savepoint, so
     # failing to remember can never undo the recorded outcome.
+    if outcome.status == RunStatus.WAITING and control.run is not None:
+        # Not settled: the run leaves its worker until its calls are answered (runs.approvals).
+        approvals.park_run(run=control.run, waits=outcome.waits, result=outcome.result)
+        return
     with transaction.atomic():
         settled = lifecycle.settle_run(
             run_id=run_id,
@@ -360,7 +379,8 @@ def finish(run_id: uuid.UUID, control: RunControl, outcome: Outcome) -> None:
 def _remember(run_id: uuid.UUID, run: AgentRun | None, events: list[Event]) -> None:
     try:
         with transaction.atomic():
-            if run is not None and events:
+            # A run that waited went on in later attempts: its conversation is read from the session.
+            if run is not None and events and run.attempts <= 1:
                 remember_events(
                     agent=run.agent_name, owner_id=run.owner_id, session_id=run.session_id,
                     invocation_id=run.invocation_id, run_id=run.run_id, events=events,

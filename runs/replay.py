@@ -27,6 +27,7 @@ from django.db.models import OuterRef, Subquery
 
 from runs.models import (
     IN_FLIGHT,
+    UNSETTLED,
     AgentRun,
     EffectStatus,
     RunStatus,
@@ -45,6 +46,7 @@ from runs.refusals import (
     ResumeInFlight,
     RunInFlight,
     RunSucceeded,
+    RunWaiting,
     ToolsCalled,
     ToolsUnknown,
 )
@@ -143,6 +145,15 @@ def decide(run: AgentRun, *, force: bool, facts: ReplayFacts | None = None) -> D
     if facts is None:
         facts = gather_facts(run)
 
+    if run.status == RunStatus.WAITING:
+        return Decision(
+            force,
+            RunWaiting(
+                "This run is waiting for a decision on a tool call (or a long-running call's result): it goes on "
+                "by itself once answered. Approve or reject the call, or cancel the run, instead of replaying it.",
+                status=run.status,
+            ),
+        )
     if run.status in IN_FLIGHT:
         return Decision(
             force,
@@ -152,7 +163,7 @@ def decide(run: AgentRun, *, force: bool, facts: ReplayFacts | None = None) -> D
                 status=run.status,
             ),
         )
-    in_flight = next((r for r in facts.replays if r.status in IN_FLIGHT), None)
+    in_flight = next((r for r in facts.replays if r.status in UNSETTLED), None)
     if in_flight is not None:
         return Decision(
             force,
@@ -163,7 +174,7 @@ def decide(run: AgentRun, *, force: bool, facts: ReplayFacts | None = None) -> D
                 replay_status=in_flight.status,
             ),
         )
-    resuming = next((r for r in facts.resumes if r.status in IN_FLIGHT), None)
+    resuming = next((r for r in facts.resumes if r.status in UNSETTLED), None)
     if resuming is not None:
         return Decision(
             force,

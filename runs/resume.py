@@ -71,6 +71,7 @@ from runs.refusals import (
     ResumeRefused,
     ResumeRunInFlight,
     ResumeRunSucceeded,
+    ResumeRunWaiting,
     RunNotFound,
     SessionGone,
     WorkflowNotResumable,
@@ -340,6 +341,12 @@ def answers_for(facts: ResumeFacts) -> tuple[Answer, ...]:
 def decide_resume(run: AgentRun, *, facts: ResumeFacts | None = None) -> ResumeDecision:
     # The first refusals need only the row and its successors: most runs shown (in flight, or
     # succeeded) are decided without reading their session's events.
+    if run.status == RunStatus.WAITING:
+        return ResumeDecision(ResumeRunWaiting(
+            "This run is waiting for a decision on a tool call (or a long-running call's result): it goes on by "
+            "itself, in its session, once answered. Approve or reject the call instead of resuming it.",
+            status=run.status,
+        ))
     if run.status in IN_FLIGHT:
         return ResumeDecision(ResumeRunInFlight(
             f"This run is still {run.status}: there is nothing to resume yet. Wait for it to finish, or cancel it.",

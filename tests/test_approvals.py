@@ -1,0 +1,246 @@
+"""Approvals and tools that wait, durable (docs/architecture.md, "Approvals and tools that wait").
+
+A run that asks for a confirmation, or leaves a long-running call unanswered, leaves its worker as
+`waiting`; a decision (or a result) continues the same run. In-process tests here; the crash and
+concurrency cases, with real processes, are at the end and need PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from agents.models import Refund
+from runs import approvals, executor, resume
+from runs import replay as rules
+from runs.models import AgentRun, Decision, PendingCall, RunStatus, ToolEffect, WaitKind
+from runs.refusals import AlreadyDecided, ApproveNotPermitted, RunWaiting
+from tests.helpers import LOOKUP, run_now, script_params
+
+db = pytest.mark.django_db(transaction=True)  # runs cross the Django/ADK seam: real commits
+
+BIG_REFUND = {"call": "issue_refund", "args": {"order_id": "A-1001", "amount_cents": 25_000}}
+SMALL_REFUND = {"call": "issue_refund", "args": {"order_id": "A-1002", "amount_cents": 2_500}}
+RETURN_LABEL = {"call": "request_return_label", "args": {"order_id": "A-1001"}}
+REFUNDED = {"say": "Refunded order A-1001."}
+
+
+@pytest.fixture
+def approver(django_user_model):
+    """Support staff who may approve or reject calls that wait (runs.approve_toolcall)."""
+    user = django_user_model.objects.create_user("ada", password="ada-pass-123", is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(codename__in=["view_agentrun", "approve_toolcall"]))
+    return user
+
+
+@pytest.fixture
+def warehouse(django_user_model):
+    """An external system's account: gives long-running calls their results for any owner."""
+    user = django_user_model.objects.create_user("warehouse", password="warehouse-pass-123")
+    user.user_permissions.add(*Permission.objects.filter(
+        codename__in=["view_agentrun", "answer_toolcall", "act_for_any_owner"]))
+    return user
+
+
+def execute(run: AgentRun) -> AgentRun:
+    executor.execute(run.run_id)
+    run.refresh_from_db()
+    return run
+
+
+def api(user) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
+def waiting_refund(alice, *steps) -> tuple[AgentRun, PendingCall]:
+    run = run_now(params=script_params(BIG_REFUND, *(steps or (REFUNDED,))), created_by=alice)
+    assert run.status == RunStatus.WAITING, (run.error_code, run.error_message)
+    (pending,) = PendingCall.objects.filter(run=run)
+    return run, pending
+
+
+@db
+def test_a_big_refund_waits_without_acting_and_an_approval_continues_the_same_run(alice, approver):
+    run, pending = waiting_refund(alice)
+    # Bound to the exact call as asked; nothing was refunded, no slot or heartbeat held.
+    assert (pending.kind, pending.tool_name, pending.args) == (WaitKind.CONFIRMATION, "issue_refund", BIG_REFUND["args"])
+    assert pending.request_call_id and pending.decision == ""
+    assert Refund.objects.count() == 0 and ToolEffect.objects.count() == 0
+    assert run.heartbeat_at is None and run.finished_at is None and run.tools_executed == ["issue_refund"]
+
+    answer = api(approver).post(f"/api/runs/{run.run_id}/calls/{pending.call_id}/decision/",
+                                {"decision": "approve", "note": "Order checked."}, format="json")
+    assert answer.status_code == 202, answer.json()
+    assert (answer.json()["decision"], answer.json()["decided_by"], answer.json()["run_status"]) == (
+        "approve", "ada", "queued")
+
+    run = execute(run)
+    assert run.status == RunStatus.SUCCESS, (run.error_code, run.error_message)
+    assert (run.attempts, run.result) == (2, "Refunded order A-1001.")
+    (refund,) = Refund.objects.all()
+    assert (refund.order_id, refund.amount_cents, refund.run_id, refund.call_id) == (
+        "A-1001", 25_000, run.run_id, pending.call_id)
+    # The approved call obeyed every rule: journaled, its effect record done under the run's intent.
+    (call,) = run.tool_calls.all()
+    assert (call.call_id, call.status, call.effect) == (pending.call_id, "answered", "idempotent")
+    assert ToolEffect.objects.get(key=call.effect_key).status == "done"
+    pending.refresh_from_db()
+    assert (pending.decision, pending.decided_by, pending.note, pending.delivered_attempt) == (
+        Decision.APPROVE, approver, "Order checked.", 2)
+
+
+@db
+def test_a_small_refund_needs_no_approval(alice):
+    run = run_now(params=script_params(SMALL_REFUND, {"say": "Refunded."}), created_by=alice)
+    assert run.status == RunStatus.SUCCESS and Refund.objects.count() == 1
+    assert not PendingCall.objects.exists()
+
+
+@db
+def test_a_rejection_tells_the_model_and_nothing_is_refunded(alice, approver, requests_seen):
+    run, pending = waiting_refund(alice, {"say": "The refund was not approved."})
+    approvals.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="reject",
+                          note="Not owed.")
+    requests_seen.clear()
+    run = execute(run)
+    assert (run.status, run.result) == (RunStatus.SUCCESS, "The refund was not approved.")
+    assert Refund.objects.count() == 0
+    # The effect record the gate's pass would have started is gone: a later approval could still refund once.
+    assert ToolEffect.objects.count() == 0
+    responses = [part.function_response.response for content in requests_seen[-1].contents
+                 for part in content.parts if part.function_response and part.function_response.id == pending.call_id]
+    assert responses[-1] == {"error": "This tool call is rejected."}
+
+
+@db
+def test_a_decision_is_taken_once(alice, approver):
+    run, pending = waiting_refund(alice)
+    approvals.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="approve")
+    with pytest.raises(AlreadyDecided):
+        approvals.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="reject")
+    second = api(approver).post(f"/api/runs/{run.run_id}/calls/{pending.call_id}/decision/",
+                                {"decision": "approve"}, format="json")
+    assert second.status_code == 409 and second.json()["code"] == "already_decided"
+    pending.refresh_from_db()
+    assert pending.decision == Decision.APPROVE
+
+
+@db
+def test_deciding_needs_the_permission_and_bad_input_is_refused(alice, support_agent, approver):
+    run, pending = waiting_refund(alice)
+    url = f"/api/runs/{run.run_id}/calls/{pending.call_id}/decision/"
+    refused = api(support_agent).post(url, {"decision": "approve"}, format="json")
+    assert refused.status_code == 403 and refused.json()["code"] == "approve_not_permitted"
+    with pytest.raises(ApproveNotPermitted):
+        approvals.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=alice, decision="approve")
+    assert api(approver).post(url, {"decision": "maybe"}, format="json").status_code == 400
+    assert api(approver).post(url, {"decision": "approve", "extra": 1}, format="json").status_code == 400
+    missing = api(approver).post(f"/api/runs/{run.run_id}/calls/nope/decision/", {"decision": "approve"},
+                                 format="json")
+    assert missing.status_code == 404 and missing.json()["code"] == "not_found"
+    wrong_kind = api(approver).post(f"/api/runs/{run.run_id}/calls/{pending.call_id}/result/", {"result": {}},
+                                    format="json")
+    assert wrong_kind.status_code == 403  # the approver may not give results
+    run.refresh_from_db()
+    pending.refresh_from_db()
+    assert run.status == RunStatus.WAITING and pending.decision == ""
+
+
+@db
+def test_a_long_running_call_waits_for_its_result_then_the_model_gets_it(alice, warehouse, bob, requests_seen):
+    run = run_now(params=script_params(RETURN_LABEL, {"say": "Here is your return label."}), created_by=alice)
+    assert run.status == RunStatus.WAITING, (run.error_code, run.error_message)
+    (pending,) = PendingCall.objects.filter(run=run)
+    assert (pending.kind, pending.tool_name, pending.args) == (WaitKind.RESULT, "request_return_label",
+                                                                RETURN_LABEL["args"])
+    url = f"/api/runs/{run.run_id}/calls/{pending.call_id}/result/"
+    assert api(bob).post(url, {"result": {"label": "x"}}, format="json").status_code == 404  # bob cannot see it
+    wrong = api(warehouse).post(f"/api/runs/{run.run_id}/calls/{pending.call_id}/decision/",
+                                {"decision": "approve"}, format="json")
+    assert wrong.status_code == 403
+    answer = api(warehouse).post(url, {"result": {"label_url": "https://carrier.example/l/1"}}, format="json")
+    assert answer.status_code == 202, answer.json()
+    requests_seen.clear()
+    run = execute(run)
+    assert (run.status, run.attempts, run.result) == (RunStatus.SUCCESS, 2, "Here is your return label.")
+    seen = [part.function_response.response for content in requests_seen[-1].contents for part in content.parts
+            if part.function_response and part.function_response.id == pending.call_id]
+    assert seen == [{"label_url": "https://carrier.example/l/1"}]
+    (call,) = run.tool_calls.all()
+    assert call.status == "answered"
+
+
+@db
+def test_an_unanswered_request_times_out_as_a_rejection_with_its_reason(alice, settings):
+    run, pending = waiting_refund(alice, {"say": "The refund request timed out."})
+    assert approvals.expire_waiting() == 0  # not due yet
+    later = timezone.now() + timedelta(seconds=settings.APPROVAL_TIMEOUT_SECONDS + 1)
+    assert approvals.expire_waiting(now=later) == 1
+    assert approvals.expire_waiting(now=later) == 0  # idempotent
+    pending.refresh_from_db()
+    assert (pending.decision, pending.by_system, pending.decided_by) == (Decision.REJECT, True, None)
+    assert "APPROVAL_TIMEOUT_SECONDS=259200" in pending.note
+    run = execute(run)
+    assert (run.status, run.result) == (RunStatus.SUCCESS, "The refund request timed out.")
+    assert Refund.objects.count() == 0
+
+
+@db
+def test_a_waiting_run_is_neither_replayed_nor_resumed(alice, support_lead):
+    run, _pending = waiting_refund(alice)
+    decision = rules.decide(run, force=True)
+    assert isinstance(decision.refusal, RunWaiting) and decision.refusal.code == "run_waiting"
+    for path in ("replay", "resume"):
+        answer = api(support_lead).post(f"/api/runs/{run.run_id}/{path}/",
+                                        {"force": True, "reason": "try"} if path == "replay" else {}, format="json")
+        assert answer.status_code == 409 and answer.json()["code"] == "run_waiting", answer.json()
+    assert resume.decide_resume(run).code == "run_waiting"
+    assert AgentRun.objects.count() == 1
+
+
+@db
+def test_cancelling_a_waiting_run_settles_it_and_closes_its_calls(alice, approver):
+    run, pending = waiting_refund(alice)
+    answer = api(alice).post(f"/api/runs/{run.run_id}/cancel/", {}, format="json")
+    assert answer.status_code == 202 and answer.json()["status"] == "cancelled"
+    run.refresh_from_db()
+    assert (run.status, run.tools_executed) == (RunStatus.CANCELLED, ["issue_refund"])
+    pending.refresh_from_db()
+    assert pending.decision == Decision.CANCELLED
+    late = api(approver).post(f"/api/runs/{run.run_id}/calls/{pending.call_id}/decision/", {"decision": "approve"},
+                              format="json")
+    assert late.status_code == 409
+    assert Refund.objects.count() == 0
+
+
+@db
+def test_a_run_waits_for_every_call_it_asked_about_before_it_goes_on(alice, approver):
+    other = {"call": "issue_refund", "args": {"order_id": "A-2002", "amount_cents": 40_000}}
+    run = run_now(params=script_params([BIG_REFUND, other], {"say": "Both handled."}), created_by=alice)
+    assert run.status == RunStatus.WAITING
+    first, second = PendingCall.objects.filter(run=run).order_by("pk")
+    approvals.decide_call(run_id=run.run_id, call_id=first.call_id, actor=approver, decision="approve")
+    run.refresh_from_db()
+    assert run.status == RunStatus.WAITING
+    approvals.decide_call(run_id=run.run_id, call_id=second.call_id, actor=approver, decision="reject")
+    run = execute(AgentRun.objects.get(pk=run.pk))
+    assert run.status == RunStatus.SUCCESS, run.error_message
+    assert list(Refund.objects.values_list("order_id", flat=True)) == ["A-1001"]
+
+
+@db
+def test_the_run_page_api_lists_what_the_run_waits_for(alice, approver):
+    run, pending = waiting_refund(alice, LOOKUP, REFUNDED)
+    body = api(approver).get(f"/api/runs/{run.run_id}/").json()
+    assert body["status"] == "waiting"
+    (listed,) = body["pending_calls"]
+    assert (listed["call_id"], listed["tool_name"], listed["decision"], listed["consumed"]) == (
+        pending.call_id, "issue_refund", "", False)
+    assert body["replay_decision"]["code"] == "run_waiting"
+    assert api(approver).get("/api/runs/?status=waiting").json()["results"][0]["run_id"] == str(run.run_id)
