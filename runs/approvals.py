@@ -34,7 +34,6 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Count, Min
 from django.utils import timezone
 from google.adk.events.event import Event
 from google.adk.tools.tool_confirmation import ToolConfirmation
@@ -420,36 +419,9 @@ def mark_delivered(*, run: AgentRun, call_ids: tuple[str, ...]) -> None:
         )
 
 
-# --- The desk --------------------------------------------------------------------------------------------
-
-
-def waiting_summary() -> dict:
-    """Calls waiting for an answer now: how many, and the oldest (one indexed query)."""
-    open_calls = PendingCall.objects.filter(decision="")
-    summary = open_calls.aggregate(count=Count("pk"), oldest=Min("asked_at"))
-    oldest = open_calls.order_by("asked_at").values("run_id", "call_id", "tool_name", "asked_at").first()
-    return {"count": summary["count"], "oldest": oldest}
+# --- Reading ---------------------------------------------------------------------------------------------
 
 
 def pending_calls_of(run: AgentRun) -> list[PendingCall]:
     return list(PendingCall.objects.filter(run_id=run.run_id).select_related("decided_by").order_by("asked_at", "pk"))
 
-
-def describe(pending: PendingCall) -> dict:
-    return {
-        "call_id": pending.call_id,
-        "kind": pending.kind,
-        "tool": pending.tool_name,
-        "agent": pending.agent_name,
-        "args": pending.args,
-        "hint": pending.hint,
-        "payload_asked": pending.payload_asked,
-        "asked_at": pending.asked_at,
-        "decision": pending.decision or None,
-        "decided_by": (pending.decided_by.get_username() if pending.decided_by else None),
-        "by_system": pending.by_system,
-        "decided_at": pending.decided_at,
-        "note": pending.note,
-        "payload": pending.payload,
-        "consumed": pending.delivered_attempt is not None,
-    }

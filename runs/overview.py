@@ -31,6 +31,7 @@ from runs.models import (
     EffectStatus,
     EventStatus,
     FiringOutcome,
+    PendingCall,
     RunSchedule,
     RunStatus,
     ScheduleFiring,
@@ -153,6 +154,19 @@ def in_flight(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
     return queryset.filter(status__in=IN_FLIGHT)
 
 
+def waiting(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
+    return queryset.filter(status=RunStatus.WAITING)
+
+
+def open_pending_calls() -> QuerySet[PendingCall]:
+    """Calls that wait for a person's decision or a result now (the partial index on open calls)."""
+    return PendingCall.objects.filter(decision="")
+
+
+def oldest_pending_call() -> PendingCall | None:
+    return open_pending_calls().order_by("asked_at").only("run_id", "call_id", "tool_name", "asked_at", "kind").first()
+
+
 def schedules_skipped_recently(queryset: QuerySet[RunSchedule], *, now: datetime | None = None) -> QuerySet:
     since = (now or timezone.now()) - RECENT
     skipped = ScheduleFiring.objects.filter(
@@ -169,6 +183,7 @@ DESK_SETS: dict[str, tuple[str, Callable[[QuerySet[AgentRun]], QuerySet[AgentRun
     "in_doubt": ("with calls in doubt", with_calls_in_doubt),
     "reconciled_24h": ("reconciled in the last 24 h", recently_reconciled),
     "in_flight": ("in flight (queued or running)", in_flight),
+    "waiting": ("waiting for a decision or a result", waiting),
 }
 
 
@@ -179,6 +194,12 @@ DESK_SETS: dict[str, tuple[str, Callable[[QuerySet[AgentRun]], QuerySet[AgentRun
 class InFlight:
     count: CappedCount
     oldest: AgentRun | None
+
+
+@dataclass(frozen=True)
+class Waiting:
+    count: CappedCount
+    oldest: PendingCall | None
 
 
 @dataclass(frozen=True)
@@ -197,6 +218,7 @@ class Overview:
     calls_in_doubt: CappedCount
     reconciled_24h: CappedCount
     in_flight: InFlight
+    approvals_waiting: Waiting
     webhook_events: dict[str, CappedCount] | None
     skipped_firings_24h: CappedCount | None
     hourly: list[Bucket]
@@ -271,6 +293,7 @@ def build_overview(*, now: datetime | None = None, inbox: bool = True, schedules
         calls_in_doubt=capped_count(in_doubt_calls()),
         reconciled_24h=capped_count(recently_reconciled(runs, now=now)),
         in_flight=InFlight(capped_count(in_flight(runs)), oldest_in_flight()),
+        approvals_waiting=Waiting(capped_count(open_pending_calls()), oldest_pending_call()),
         webhook_events=events,
         skipped_firings_24h=skipped,
         hourly=hourly[-24:],

@@ -11,11 +11,12 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Permission
+from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from agents.models import Refund
-from runs import approvals, executor, resume
+from runs import approvals, executor, overview, resume
 from runs import replay as rules
 from runs.models import AgentRun, Decision, PendingCall, RunStatus, ToolEffect, WaitKind
 from runs.refusals import AlreadyDecided, ApproveNotPermitted, RunWaiting
@@ -244,3 +245,76 @@ def test_the_run_page_api_lists_what_the_run_waits_for(alice, approver):
         pending.call_id, "issue_refund", "", False)
     assert body["replay_decision"]["code"] == "run_waiting"
     assert api(approver).get("/api/runs/?status=waiting").json()["results"][0]["run_id"] == str(run.run_id)
+
+
+# --- The desk, the run page, metrics -----------------------------------------------------------------
+
+
+@db
+def test_the_desk_counts_approvals_waiting_and_names_the_oldest(alice, admin_user):
+    assert overview.build_overview().approvals_waiting.count.value == 0
+    first, pending = waiting_refund(alice)
+    waiting_refund(alice)
+    data = overview.build_overview()
+    assert (data.approvals_waiting.count.value, data.approvals_waiting.oldest.call_id) == (2, pending.call_id)
+    assert data.in_flight.count.value == 0  # waiting is not in flight: it holds no worker
+    client = Client()
+    client.force_login(admin_user)
+    page = client.get("/admin/desk/").content.decode()
+    assert 'id="approvals-waiting"' in page and "Approvals waiting" in page and str(first.run_id)[:8] in page
+    listed = client.get("/admin/runs/agentrun/?desk=waiting").content.decode()
+    assert str(first.run_id) in listed
+
+
+@db
+def test_metrics_count_the_calls_that_wait(alice, settings):
+    settings.METRICS_ENABLED, settings.METRICS_TOKEN = True, "t0ken"
+    waiting_refund(alice)
+    run_now(params=script_params(RETURN_LABEL, REFUNDED), created_by=alice)
+    body = Client(headers={"Authorization": "Bearer t0ken"}).get("/metrics").content.decode()
+    assert 'agentledger_calls_waiting{kind="confirmation"} 1.0' in body
+    assert 'agentledger_calls_waiting{kind="result"} 1.0' in body
+    assert "agentledger_call_waiting_age_max_seconds" in body
+
+
+@db
+def test_the_run_page_shows_the_call_and_a_person_approves_it_there(alice, approver, support_agent):
+    run, pending = waiting_refund(alice)
+    page_url = f"/admin/runs/agentrun/{run.run_id}/change/"
+    answer_url = f"/admin/runs/agentrun/{run.run_id}/calls/{pending.call_id}/answer/"
+    staff = Client()
+    staff.force_login(support_agent)
+    page = staff.get(page_url).content.decode()
+    assert f'id="waiting-{pending.call_id}"' in page and "permission to approve" in page
+    assert 'id="run-live"' in page and "Waiting for 1 call" in page
+    staff.post(answer_url, {"decision": "approve", "note": "sure"})  # refused: no permission
+    pending.refresh_from_db()
+    assert pending.decision == ""
+
+    person = Client()
+    person.force_login(approver)
+    assert 'name="decision" value="approve"' in person.get(page_url).content.decode()
+    response = person.post(answer_url, {"decision": "approve", "note": "Order checked."}, follow=True)
+    assert "approved. The run goes on." in response.content.decode()
+    pending.refresh_from_db()
+    assert (pending.decision, pending.decided_by, pending.note) == (Decision.APPROVE, approver, "Order checked.")
+    again = person.post(answer_url, {"decision": "reject"}, follow=True).content.decode()
+    assert "already answered" in again
+    run = execute(run)
+    assert run.status == RunStatus.SUCCESS and Refund.objects.count() == 1
+    assert "Calls it waited for" in person.get(page_url).content.decode()
+
+
+@db
+def test_the_schema_states_the_two_doors(client, admin_user):
+    client.force_login(admin_user)
+    schema = client.get("/api/schema/", {"format": "json"}).json()
+    decision = schema["paths"]["/api/runs/{run_id}/calls/{call_id}/decision/"]["post"]
+    result = schema["paths"]["/api/runs/{run_id}/calls/{call_id}/result/"]["post"]
+    assert set(decision["responses"]) >= {"202", "400", "403", "404", "409"}
+    assert set(result["responses"]) >= {"202", "400", "403", "404", "409"}
+    request = schema["components"]["schemas"]["DecisionRequest"]
+    assert request["required"] == ["decision"] and request["additionalProperties"] is False
+    assert schema["components"]["schemas"]["PersonDecisionEnum"]["enum"] == ["approve", "reject"]
+    assert "waiting" in schema["components"]["schemas"]["RunStatusEnum"]["enum"]
+    assert "pending_calls" in schema["components"]["schemas"]["RunDetail"]["properties"]

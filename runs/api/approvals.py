@@ -9,7 +9,7 @@ from rest_framework.response import Response
 
 from config.lib.api_errors import errors
 from runs import approvals
-from runs.api.serializers import AnsweredCallSerializer, DecisionRequestSerializer, ResultRequestSerializer
+from runs.api.serializers import AnsweredCallSerializer, CallResultSerializer, DecisionSerializer
 
 
 class CallAnswerActions:
@@ -31,14 +31,14 @@ class CallAnswerActions:
             "`approve_not_permitted`); 404 for a run you cannot see or a call it does not wait for; 409 "
             "`wrong_answer_kind` for a long-running call (send its result instead)."
         ),
-        request={"application/json": DecisionRequestSerializer},
+        request={"application/json": DecisionSerializer},
         responses={202: AnsweredCallSerializer, **errors(400, 401, 403, 404, 409, 413, 415)},
         examples=[OpenApiExample("Approve", value={"decision": "approve", "note": "Order checked: refund is due."},
                                  request_only=True)],
     )
     @action(detail=True, methods=["post"], url_path=r"calls/(?P<call_id>[^/]+)/decision", url_name="call-decision")
     def decision(self, request, run_id=None, call_id=None):
-        serializer = DecisionRequestSerializer(data=request.data, context=self.get_serializer_context())
+        serializer = DecisionSerializer(data=request.data, context=self.get_serializer_context())
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         pending = approvals.decide_call(
@@ -56,14 +56,14 @@ class CallAnswerActions:
             "`answer_not_permitted`) and the right to act for the run's owner (403 `owner_not_permitted`); 409 "
             "`wrong_answer_kind` for a call that waits for a person's approval."
         ),
-        request={"application/json": ResultRequestSerializer},
+        request={"application/json": CallResultSerializer},
         responses={202: AnsweredCallSerializer, **errors(400, 401, 403, 404, 409, 413, 415)},
         examples=[OpenApiExample("Label", value={"result": {"label_url": "https://carrier.example/label/123"}},
                                  request_only=True)],
     )
     @action(detail=True, methods=["post"], url_path=r"calls/(?P<call_id>[^/]+)/result", url_name="call-result")
     def result(self, request, run_id=None, call_id=None):
-        serializer = ResultRequestSerializer(data=request.data, context=self.get_serializer_context())
+        serializer = CallResultSerializer(data=request.data, context=self.get_serializer_context())
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         pending = approvals.give_result(

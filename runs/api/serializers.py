@@ -322,7 +322,7 @@ class RunStepSerializer(serializers.ModelSerializer):
 # --- Calls that wait (runs.approvals) -----------------------------------------------------------------
 
 
-class DecisionRequestSerializer(StrictSerializer):
+class DecisionSerializer(StrictSerializer):
     decision = serializers.ChoiceField(
         choices=PERSON_DECISIONS,
         help_text="approve: the call runs (under every rule); reject: the model is told it was rejected.",
@@ -333,7 +333,7 @@ class DecisionRequestSerializer(StrictSerializer):
                                     help_text="What the tool asked for (its confirmation payload), if anything.")
 
 
-class ResultRequestSerializer(StrictSerializer):
+class CallResultSerializer(StrictSerializer):
     result = serializers.JSONField(help_text="The long-running call's answer: the function response the model sees "
                                              "(an object; anything else is sent as {\"result\": …}).")
     note = StrictCharField(required=False, allow_blank=True, max_length=approvals.NOTE_MAX_CHARS,
