@@ -40,8 +40,9 @@ from google.adk.tools.tool_confirmation import ToolConfirmation
 from google.adk.utils._function_call_names import REQUEST_CONFIRMATION_FUNCTION_CALL_NAME
 from google.genai import types
 
+from agents import faults
 from agents.models import AdkEvent
-from agents.scripted import SCRIPT_STEP_KEY, ScriptPosition, resume_position
+from agents.scripted import FAULT_KEYS, SCRIPT_STEP_KEY, ScriptPosition, resume_position
 from config.lib.safe_json import UnsafeInput, check_value
 from runs import journal, lifecycle, permissions, visibility
 from runs.models import (
@@ -379,6 +380,7 @@ def continuation(run: AgentRun) -> Continuation | None:
     if not due:
         return None
     parts = [types.Part(function_response=response_for(pending)) for pending in due]
+    _rearm_scripted_faults(run, events, [pending.call_id for pending in due if pending.decision == Decision.APPROVE])
     return Continuation(
         message=types.Content(role="user", parts=parts),
         positions=_positions(run, events),
@@ -404,6 +406,34 @@ def _chain_events(run: AgentRun, events: list[dict]) -> list[dict]:
     return list(AdkEvent.objects.filter(
         app_name=run.agent_name, user_id=run.owner_id, session_id=run.session_id
     ).order_by("timestamp", "id").values_list("event_data", flat=True))
+
+
+def _rearm_scripted_faults(run: AgentRun, events: list[dict], call_ids: list[str]) -> None:
+    """A scripted call's fault (e.g. a crash inside the tool) belongs to the call, wherever its tool finally runs.
+
+    The scripted model arms a fault when it makes the call, in the process that asked for the
+    confirmation; an approved call runs in a later attempt, maybe in another process, so its fault is
+    armed again there from the step recorded with the call's event.
+    """
+    wanted = set(call_ids)
+    for data in events:
+        where = (data.get("custom_metadata") or {}).get(SCRIPT_STEP_KEY)
+        if not wanted or not isinstance(where, dict):
+            continue
+        calls = [part["function_call"] for part in (data.get("content") or {}).get("parts") or []
+                 if part.get("function_call")]
+        script = (run.params.get("scripts") or {}).get(data.get("author") or "") or run.params.get("script") or []
+        step_index = where.get("step")
+        if not isinstance(step_index, int) or not 0 <= step_index < len(script):
+            continue
+        step = script[step_index]
+        for call, position in zip(calls, where.get("calls") or [], strict=False):
+            if call.get("id") not in wanted:
+                continue
+            chosen = step[position] if isinstance(step, list) and position < len(step) else step
+            fault = {key: chosen[key] for key in FAULT_KEYS if isinstance(chosen, dict) and key in chosen}
+            if fault:
+                faults.arm(call["id"], fault)
 
 
 def mark_delivered(*, run: AgentRun, call_ids: tuple[str, ...]) -> None:

@@ -7,6 +7,10 @@ concurrency cases, with real processes, are at the end and need PostgreSQL.
 
 from __future__ import annotations
 
+import json
+import signal
+import textwrap
+import threading
 from datetime import timedelta
 
 import pytest
@@ -16,11 +20,13 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from agents.models import Refund
-from runs import approvals, executor, overview, resume
+from runs import approvals, executor, overview, reconcile, resume
 from runs import replay as rules
 from runs.models import AgentRun, Decision, PendingCall, RunStatus, ToolEffect, WaitKind
 from runs.refusals import AlreadyDecided, ApproveNotPermitted, RunWaiting
-from tests.helpers import LOOKUP, run_now, script_params
+from runs.tasks import execute_run
+from tests.helpers import LOOKUP, postgres_only, run_now, run_python, script_params
+from tests.test_chat import _turn, alice_token, server  # noqa: F401 - the live server's fixtures
 
 db = pytest.mark.django_db(transaction=True)  # runs cross the Django/ADK seam: real commits
 
@@ -318,3 +324,150 @@ def test_the_schema_states_the_two_doors(client, admin_user):
     assert schema["components"]["schemas"]["PersonDecisionEnum"]["enum"] == ["approve", "reject"]
     assert "waiting" in schema["components"]["schemas"]["RunStatusEnum"]["enum"]
     assert "pending_calls" in schema["components"]["schemas"]["RunDetail"]["properties"]
+
+
+# --- Restarts, kills and races (real processes) -------------------------------------------------------
+
+
+@db
+def test_a_decision_survives_the_worker_that_should_have_taken_it(alice, approver):
+    # The decision commits and enqueues; the worker that would take it dies before claiming. The
+    # run stays queued (the sweep leaves a run whose task waits in the broker alone), the task is
+    # delivered again, and the run goes on once.
+    run, pending = waiting_refund(alice)
+    approvals.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="approve")
+    reconcile.sweep(now=timezone.now() + timedelta(hours=1))
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED
+    assert execute_run(str(run.run_id)) == RunStatus.SUCCESS
+    assert execute_run(str(run.run_id)) == "not claimed"
+    assert Refund.objects.count() == 1
+
+
+@db
+def test_a_waiting_run_is_never_reconciled_nor_requeued(alice):
+    run, _pending = waiting_refund(alice)
+    reconcile.sweep(now=timezone.now() + timedelta(days=30))
+    run.refresh_from_db()
+    assert (run.status, run.attempts) == (RunStatus.WAITING, 1)
+    assert execute_run(str(run.run_id)) == "not claimed"
+
+
+def _child_runs_and_dies(script: list) -> str:
+    """A worker process that runs a support run until it waits, then dies by SIGKILL."""
+    code = textwrap.dedent(f"""
+        import os, signal
+        from runs import executor, services
+        run = services.start_run(agent_name="support", message="Jane was charged twice.", owner_id="alice",
+                                 params={{"script": {json.dumps(script)}}}, enqueue=False)
+        executor.execute(run.run_id)
+        print(run.run_id, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    child = run_python(code)
+    assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
+    return child.stdout.split()[0]
+
+
+@postgres_only
+@db
+def test_a_worker_killed_while_its_run_waits_leaves_it_waiting_and_an_approval_continues_it_once(approver):
+    run_id = _child_runs_and_dies([BIG_REFUND, REFUNDED])
+    run = AgentRun.objects.get(pk=run_id)
+    assert run.status == RunStatus.WAITING
+    reconcile.sweep(now=timezone.now() + timedelta(hours=1))  # a later sweep, as after a restart
+    run.refresh_from_db()
+    assert run.status == RunStatus.WAITING and Refund.objects.count() == 0
+    (pending,) = run.pending_calls.all()
+    approvals.decide_call(run_id=run_id, call_id=pending.call_id, actor=approver, decision="approve", note="ok")
+    # Another worker process takes it.
+    worker = run_python(f"from runs.tasks import execute_run\nprint(execute_run({run_id!r}))")
+    assert worker.returncode == 0, worker.stderr[-3000:]
+    assert worker.stdout.split()[-1] == RunStatus.SUCCESS
+    run.refresh_from_db()
+    assert (run.status, run.attempts, run.result) == (RunStatus.SUCCESS, 2, REFUNDED["say"])
+    assert Refund.objects.count() == 1
+
+
+@postgres_only
+@db
+def test_two_concurrent_decisions_on_one_call_take_one(alice, approver):
+    run, pending = waiting_refund(alice)
+    code = textwrap.dedent("""
+        from django.contrib.auth import get_user_model
+        from config.lib.refusals import Refusal
+        from runs import approvals
+        actor = get_user_model().objects.get(pk={actor})
+        try:
+            print(approvals.decide_call(run_id="{run}", call_id="{call}", actor=actor, decision="{decision}").decision)
+        except Refusal as refusal:
+            print(refusal.code)
+    """)
+    results: list[str] = []
+
+    def child(decision: str) -> None:
+        finished = run_python(code.format(actor=approver.pk, run=run.run_id, call=pending.call_id, decision=decision),
+                              timeout=300)
+        assert finished.returncode == 0, finished.stderr[-2000:]
+        results.append(finished.stdout.split()[-1])
+
+    threads = [threading.Thread(target=child, args=(decision,)) for decision in ("approve", "reject")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results).count("already_decided") == 1, results
+    pending.refresh_from_db()
+    assert pending.decision in results
+    run = execute(AgentRun.objects.get(pk=run.pk))
+    assert run.status == RunStatus.SUCCESS
+    assert Refund.objects.count() == (1 if pending.decision == Decision.APPROVE else 0)
+
+
+@postgres_only
+@db
+def test_a_worker_killed_inside_the_approved_tool_leaves_it_in_doubt_never_done_twice(alice, approver):
+    run, pending = waiting_refund(alice, REFUNDED)
+    AgentRun.objects.filter(pk=run.pk).update(config={**run.config, "params": script_params(
+        dict(BIG_REFUND, crash="after_effect"), REFUNDED)})
+    approvals.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="approve")
+    worker = run_python(f"from runs.tasks import execute_run\nexecute_run({str(run.run_id)!r})")
+    assert worker.returncode == -signal.SIGKILL, worker.stderr[-3000:]
+    assert Refund.objects.count() == 1  # it acted, then died
+    reconcile.sweep(now=timezone.now() + timedelta(hours=1))
+    run.refresh_from_db()
+    assert (run.status, run.error_code, run.attempts) == (RunStatus.ERROR, "reconciled", 2)
+    call = run.tool_calls.get(call_id=pending.call_id)
+    assert call.in_doubt  # journal first: the approved call was `called` again before its tool ran
+    assert rules.decide(run, force=False).refusal.code == "calls_in_doubt"
+    assert execute_run(str(run.run_id)) == "not claimed"
+    assert Refund.objects.count() == 1
+
+
+# --- Chat ----------------------------------------------------------------------------------------------
+
+
+@db
+def test_a_chat_turn_that_waits_says_so_and_keeps_its_conversation_busy(server, alice_token, approver):  # noqa: F811
+    response, frames = _turn(server, alice_token, message="Refund order A-1001, please.",
+                             params=script_params(BIG_REFUND, {"say": "Refunded order A-1001."}))
+    assert response.status_code == 200
+    kinds = [kind for kind, _ in frames]
+    assert kinds[-2:] == ["waiting", "done"]
+    waiting, done = frames[-2][1], frames[-1][1]
+    assert done["status"] == "waiting" and done["waiting_for"] == waiting["waiting_for"]
+    (call,) = waiting["waiting_for"]
+    assert (call["tool_name"], call["kind"], call["args"]) == ("issue_refund", "confirmation", BIG_REFUND["args"])
+
+    busy, _ = _turn(server, alice_token, message="And?", conversation_id=done["conversation_id"],
+                    params=script_params({"say": "Hm."}))
+    assert busy.status_code == 409 and busy.json()["code"] == "conversation_busy"
+
+    approvals.decide_call(run_id=done["run_id"], call_id=call["call_id"], actor=approver, decision="approve")
+    assert execute_run(done["run_id"]) == RunStatus.SUCCESS  # a worker takes the turn on
+    turn = AgentRun.objects.get(pk=done["run_id"])
+    assert (turn.result, turn.attempts) == ("Refunded order A-1001.", 2)
+    after, frames = _turn(server, alice_token, message="Thanks!", conversation_id=done["conversation_id"],
+                          params=script_params({"say": "You're welcome."}))
+    assert after.status_code == 200 and frames[-1][1]["status"] == "success"
+    assert Refund.objects.count() == 1
