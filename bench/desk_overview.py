@@ -32,7 +32,7 @@ INSERT INTO agent_runs (
     run_id, trigger, agent_name, owner_id, config, input_file, input_file_name, input_file_sha256,
     status, attempts, error_code, error_message, tools_executed, result, forced, force_reason,
     session_id, conversation_id, created_at, started_at, heartbeat_at, finished_at, worker,
-    model_retries, trace_id
+    model_retries, trace_id, effects, agent_fingerprint
 )
 SELECT
     md5(i::text)::uuid,
@@ -53,7 +53,7 @@ SELECT
     CASE WHEN i > %(n)s - %(in_flight)s THEN NULL
          ELSE now() - ((%(n)s - i) * interval '30 days' / %(n)s) + interval '5 seconds' END,
     CASE WHEN i > %(n)s - %(in_flight)s AND i %% 3 <> 0 THEN 'worker-' || (i %% 4) ELSE '' END,
-    '[]'::jsonb, ''
+    '[]'::jsonb, '', 'reuse', ''
 FROM generate_series(%(start)s, %(n)s) AS i
 """
 
@@ -64,9 +64,10 @@ FROM generate_series(20, %(n)s - %(in_flight)s, 200) AS i WHERE run_id = md5(i::
 """
 
 CALLS_SQL = """
-INSERT INTO tool_calls (run_id, seq, call_id, tool_name, args, status, called_at, response_summary)
-SELECT md5(i::text)::uuid, 1, 'c-' || i, 'send_email', '{}'::jsonb,
-       CASE WHEN i %% 7 = 0 THEN 'called' ELSE 'answered' END, now(), ''
+INSERT INTO tool_calls (run_id, seq, call_id, tool_name, agent_name, args, status, called_at, response_summary,
+                        effect, effect_key, settled_outcome, settle_note)
+SELECT md5(i::text)::uuid, 1, 'c-' || i, 'send_email', 'support', '{}'::jsonb,
+       CASE WHEN i %% 7 = 0 THEN 'called' ELSE 'answered' END, now(), '', '', '', '', ''
 FROM generate_series(18, %(n)s - %(in_flight)s, 60) AS i
 """
 

@@ -211,6 +211,7 @@ def test_setup_schedules_creates_every_job_and_a_second_run_changes_nothing():
     assert first["runs.reconcile"][:5] == ("runs.tasks.reconcile_runs", Schedule.MINUTES, 1, None, -1)
     assert first["runs.purge_events"][:5] == ("runs.tasks.purge_events", Schedule.CRON, None, "30 3 * * *", -1)
     assert first["memory.prune"][:5] == ("memory.tasks.prune_memories", Schedule.CRON, None, "45 3 * * *", -1)
+    assert first["runs.expire_approvals"][:5] == ("runs.tasks.expire_approvals", Schedule.MINUTES, 1, None, -1)
     # The nightly purge waits for its slot instead of running at deploy time.
     assert first["runs.purge_events"][5] > timezone.now()
 
@@ -221,6 +222,7 @@ def test_setup_schedules_creates_every_job_and_a_second_run_changes_nothing():
         "runs.webhook_sweeper:", "unchanged",
         "runs.fire_schedules:", "unchanged",
         "runs.purge_stored_inputs:", "unchanged",
+        "runs.expire_approvals:", "unchanged",
     ]
     assert _schedules() == first
 
