@@ -248,7 +248,9 @@ def test_the_scheduler_enqueues_the_reconcile_job_and_it_runs():
     scheduler()
     queued = {task.task["func"]: task.task for task in OrmQ.objects.all()}
     # The every-minute jobs are due at once; the nightly ones wait for their slot.
-    assert sorted(queued) == ["runs.tasks.fire_schedules", "runs.tasks.reconcile_runs", "runs.tasks.sweep_webhooks"]
+    assert sorted(queued) == [
+        "runs.tasks.expire_approvals", "runs.tasks.fire_schedules", "runs.tasks.reconcile_runs", "runs.tasks.sweep_webhooks",
+    ]
     assert queued["runs.tasks.reconcile_runs"]["group"] == "runs.reconcile"
     assert queued["runs.tasks.sweep_webhooks"]["group"] == "runs.webhook_sweeper"
 
