@@ -423,8 +423,10 @@ def _rearm_scripted_faults(run: AgentRun, events: list[dict], call_ids: list[str
 
 def mark_delivered(*, run: AgentRun, call_ids: tuple[str, ...]) -> None:
     """Before ADK gets the answers: an approved call is about to run, so its journal row says `called` again
-    (journal first: a worker that dies inside the tool leaves it in doubt, never silently answered)."""
+    (journal first: a worker that dies inside the tool leaves it in doubt, never silently answered).
+    Written only while this attempt holds the run (`runs.leases.hold`)."""
     with transaction.atomic():
+        leases.hold(run_id=run.run_id, lease=run.lease, what="the answers' delivery")
         PendingCall.objects.filter(run_id=run.run_id, call_id__in=call_ids).update(delivered_attempt=run.attempts)
         approved = PendingCall.objects.filter(
             run_id=run.run_id, call_id__in=call_ids, decision=Decision.APPROVE
