@@ -444,6 +444,39 @@ def test_a_worker_killed_inside_the_approved_tool_leaves_it_in_doubt_never_done_
     assert Refund.objects.count() == 1
 
 
+@db
+def test_a_gated_calls_scripted_fault_befalls_the_attempt_that_runs_it_not_the_one_that_asks(alice, approver, settings):
+    settings.SCRIPTED_FAULTS_ENABLED = True
+    alice.user_permissions.add(Permission.objects.get(codename="place_tool_faults"))
+    run = run_now(params=script_params(dict(BIG_REFUND, tool_fails="the bank hung up"), REFUNDED), created_by=alice)
+    # The tool only asked for its confirmation: nothing befell it, and nothing was refunded.
+    assert run.status == RunStatus.WAITING, (run.error_code, run.error_message)
+    assert Refund.objects.count() == 0
+    (pending,) = PendingCall.objects.filter(run=run)
+    approvals.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="approve")
+    run = execute(run)
+    # The approved call ran, acted, then failed as scripted.
+    assert (run.status, run.error_code) == (RunStatus.ERROR, "tool_failed"), run.error_message
+    assert "the bank hung up" in run.error_message
+    assert Refund.objects.count() == 1
+
+
+@db
+def test_a_chat_turn_queued_again_after_it_waited_is_a_workers_not_abandoned(alice, approver, monkeypatch):
+    run, pending = waiting_refund(alice)
+    AgentRun.objects.filter(pk=run.pk).update(trigger="chat")
+    approvals.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="approve")
+    later = timezone.now() + timedelta(hours=1)
+    # Its server's client is gone, but the turn was claimed before: nothing to abandon.
+    assert reconcile.abandon_lost_chat_turns(now=later) == 0
+    monkeypatch.setattr(reconcile, "runs_waiting_in_broker", lambda **_: set())
+    monkeypatch.setattr(reconcile.lifecycle, "enqueue_run", lambda run_id: None)
+    assert reconcile.requeue_lost_runs(now=later) == [run.run_id]
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED
+    assert execute(run).status == RunStatus.SUCCESS
+
+
 # --- Chat ----------------------------------------------------------------------------------------------
 
 
