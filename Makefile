@@ -73,6 +73,7 @@ bench: $(VENV)/.bench-installed
 	$(PY) bench/memory_search.py --rows 1000000 --owners 10000
 	$(PY) bench/admin_changelist.py --runs 1000000
 	$(PY) bench/desk_overview.py --runs 1000000
+	$(PY) bench/approvals.py --runs 1000000 --waiting 10000
 	$(PY) bench/diet_request_size.py
 	$(PY) bench/chat_ttfe.py --turns 40
 	$(PY) bench/workflow_steps.py --runs 60 --warmup 5 --block 5

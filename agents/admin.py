@@ -10,7 +10,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from agents import services
-from agents.models import AdkEvent, AdkSession, CrmNote, Customer, OutboxEmail, WorkflowDefinition
+from agents.models import AdkEvent, AdkSession, CrmNote, Customer, OutboxEmail, Refund, WorkflowDefinition
 from agents.registry import runnable_agents
 from agents.workflow_html import GRAPH_CSS, render_graph
 from agents.workflows import FUNCTION_STEPS
@@ -34,6 +34,13 @@ class OutboxEmailAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 class CrmNoteAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["created_at", "contact_id", "note", "run_id", "call_id"]
     search_fields = ["=run_id", "=contact_id"]
+    show_full_result_count = False
+
+
+@admin.register(Refund)
+class RefundAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ["issued_at", "order_id", "amount_cents", "run_id", "call_id"]
+    search_fields = ["=run_id", "=order_id"]
     show_full_result_count = False
 
 

@@ -10,7 +10,8 @@ response) before the tool acts or after it acted, the call hangs, or it fails af
 ADK runs plugins' before-tool callbacks in order, then the tool, then their after-tool callbacks
 in the same order, so "before" runs once the effect record is claimed (as if the tool died as it
 began) and "after" runs before the record is marked done (as if it died just after acting). A
-call answered without running its tool (served from its effect record) gets no fault.
+call answered without running its tool (served from its effect record), or whose tool only asks
+for a confirmation (or was rejected), gets no fault.
 
 Faults are honoured only where the deployment allows them (SCRIPTED_FAULTS_ENABLED) and the run's
 creator may place them (`runs.place_tool_faults`); otherwise an armed fault is taken and dropped.
@@ -106,6 +107,22 @@ class _Stage:
         self.ran: set[str] = set()
 
 
+async def _only_asks(tool: Any, tool_args: dict, tool_context: Any) -> bool:
+    """True when the tool will not run its function now: it asks for a confirmation first
+    (`require_confirmation`), or a person rejected the call. The fault waits, armed, for the
+    attempt that runs it (an approved call's later attempt arms it again, `runs.approvals`)."""
+    confirmation = tool_context.tool_confirmation
+    if confirmation is not None:
+        return not confirmation.confirmed
+    check = getattr(tool, "check_require_confirmation", None)
+    if check is None:
+        return False
+    try:
+        return bool(await check(tool_args, tool_context))
+    except Exception:  # noqa: BLE001 - the tool itself will say what is wrong with its arguments
+        return False
+
+
 class ToolFaultsAfter(BasePlugin):
     """Placed before the effects plugin: takes each call's fault; after the tool, crash or fail."""
 
@@ -115,6 +132,8 @@ class ToolFaultsAfter(BasePlugin):
 
     async def before_tool_callback(self, *, tool, tool_args, tool_context):
         call_id = tool_context.function_call_id or ""
+        if await _only_asks(tool, tool_args, tool_context):
+            return None
         fault = take(call_id)
         if fault and self.stage.honoured:
             self.stage.taken[call_id] = fault

@@ -55,6 +55,22 @@ class CrmNote(models.Model):
         return f"{self.contact_id}: {self.note[:60]}"
 
 
+class Refund(models.Model):
+    """Every refund `issue_refund` issued: money sent twice shows up here as a second row."""
+
+    run_id = models.UUIDField(null=True, blank=True, db_index=True)
+    call_id = models.CharField(max_length=128, blank=True)
+    order_id = models.CharField(max_length=64, db_index=True)
+    amount_cents = models.PositiveIntegerField()
+    issued_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-issued_at"]
+
+    def __str__(self) -> str:
+        return f"{self.order_id}: {self.amount_cents / 100:.2f}"
+
+
 class NaiveUTCDateTimeField(models.DateTimeField):
     """ADK stores naive UTC timestamps; present them as aware datetimes to Django."""
 

@@ -10,7 +10,7 @@ from django.core.mail import send_mail
 from google.adk.tools import ToolContext
 
 from agents.effects import idempotent, read_only
-from agents.models import CrmNote, Customer, OutboxEmail
+from agents.models import CrmNote, Customer, OutboxEmail, Refund
 
 
 def _run_id(tool_context: ToolContext) -> uuid.UUID | None:
@@ -81,3 +81,46 @@ async def lookup_customer(email: str, tool_context: ToolContext) -> dict:
         "contact_id": customer.contact_id,
         "plan": customer.plan,
     }
+
+
+# Refunds above this need a person's approval first (ADK's require_confirmation, in the agent).
+REFUND_APPROVAL_ABOVE_CENTS = 10_000
+
+
+def refund_needs_approval(order_id: str, amount_cents: int, **_: object) -> bool:
+    """ADK's `require_confirmation` callable: a refund above REFUND_APPROVAL_ABOVE_CENTS waits for a person."""
+    try:
+        return int(amount_cents) > REFUND_APPROVAL_ABOVE_CENTS
+    except (TypeError, ValueError):
+        return True  # an amount nobody can read is for a person to look at
+
+
+# One refund per order per intent: approving it twice, or replaying the run, never pays twice.
+@idempotent(key="order_id", stable=("amount_cents",))
+async def issue_refund(order_id: str, amount_cents: int, tool_context: ToolContext) -> dict:
+    """Refund a customer's order. Refunds above 100.00 wait for a person's approval.
+
+    Args:
+      order_id: The order to refund, e.g. "A-1001".
+      amount_cents: The amount to refund, in cents.
+    """
+    if not isinstance(amount_cents, int) or isinstance(amount_cents, bool) or amount_cents <= 0:
+        return {"status": "refused", "error": "amount_cents must be a positive whole number of cents."}
+    refund = await Refund.objects.acreate(
+        run_id=_run_id(tool_context),
+        call_id=tool_context.function_call_id or "",
+        order_id=order_id,
+        amount_cents=amount_cents,
+    )
+    return {"status": "refunded", "refund_id": f"refund-{refund.pk}", "order_id": order_id,
+            "amount_cents": amount_cents}
+
+
+async def request_return_label(order_id: str, tool_context: ToolContext) -> None:
+    """Ask the warehouse for a return label for an order. The warehouse answers later, with the label.
+
+    Args:
+      order_id: The order to return, e.g. "A-1001".
+    """
+    # No answer now: the call waits until the warehouse posts its result for this call.
+    return None

@@ -278,6 +278,8 @@ RUN_MAX_SILENCE_HOURS = env_int("RUN_MAX_SILENCE_HOURS", 6, minimum=1)
 # A run still queued this long with no task waiting for it in the broker is enqueued again
 # (runs.reconcile.requeue_lost_runs); the claim makes a duplicate harmless.
 RUN_REQUEUE_AFTER_SECONDS = env_int("RUN_REQUEUE_AFTER_SECONDS", 60, minimum=1)
+# A call that waits for a person (or a long-running tool's result) longer than this is rejected by the system.
+APPROVAL_TIMEOUT_SECONDS = env_int("APPROVAL_TIMEOUT_SECONDS", 259_200, minimum=1)
 RUN_TIMEOUT_SECONDS = env_int("RUN_TIMEOUT_SECONDS", 1800, minimum=1)
 # Runs one worker process keeps in flight on its agent loop (runs.worker). Its django-q2 worker
 # takes another run only when one of these slots is free.
@@ -508,5 +510,7 @@ SPECTACULAR_SETTINGS = {
         "TriggerEnum": "runs.models.Trigger",
         "SettledOutcomeEnum": "runs.models.SettledOutcome",
         "EffectsEnum": "runs.models.EffectsChoice",
+        "CallDecisionEnum": "runs.models.Decision",
+        "PersonDecisionEnum": "runs.models.approvals.PERSON_DECISIONS",
     },
 }

@@ -353,7 +353,10 @@ class EffectsPlugin(BasePlugin):
         key = self._owned.pop(call_id, None)
         if key is None:
             return None
-        if call_id in (tool_context.actions.requested_tool_confirmations or {}):
+        confirmation = tool_context.tool_confirmation
+        rejected = confirmation is not None and not confirmation.confirmed
+        # Asked for a confirmation, or rejected by a person: the tool did not run, there is nothing to record.
+        if rejected or call_id in (tool_context.actions.requested_tool_confirmations or {}):
             await sync_to_async(release_effect)(key=key, run_id=self.run.run_id, call_id=call_id, lease=self.run.lease)
             return None
         await sync_to_async(finish_effect)(

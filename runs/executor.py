@@ -38,7 +38,7 @@ from agents.retrying import RetryLog, current_retry_log
 from agents.workflows import compile_workflow
 from memory.adk import memory_service
 from memory.services import remember_events
-from runs import leases, lifecycle, outcomes, telemetry
+from runs import approvals, leases, lifecycle, outcomes, telemetry
 from runs.counters import MODEL_RETRIES
 from runs.effects import EffectsPlugin
 from runs.faults import faults_honoured
@@ -111,14 +111,16 @@ def retry_log_for(run: AgentRun) -> RetryLog:
     return RetryLog(on_change=store)
 
 
-def _build_app(run: AgentRun, *, plan: ResumePlan | None, plugins: list, steps: RunStepRecorder | None) -> App:
+def _build_app(
+    run: AgentRun, *, positions: dict | None, plugins: list, steps: RunStepRecorder | None
+) -> App:
     if steps is not None:
         # A workflow run executes the graph it stored when it was written (its replays too).
         root = compile_workflow(run.workflow, params=run.params, recorder=steps)
         return App(name=run.agent_name, root_agent=root, plugins=plugins)
     # The run's own wrapped copy of the loaded agent tree; the package's App keeps its plugins.
     spec = get_agent_spec(run.agent_name)
-    root = build_agent(spec, params=run.params, positions=plan.positions if plan else None)
+    root = build_agent(spec, params=run.params, positions=positions)
     return build_app(spec, root=root, name=run.agent_name, plugins=plugins)
 
 
@@ -134,7 +136,7 @@ async def _prepare_session(run: AgentRun, plan: ResumePlan | None) -> None:
 
 
 async def _run_events(
-    runner: Runner, run: AgentRun, *, resumed: bool, abort_event: asyncio.Event,
+    runner: Runner, run: AgentRun, *, new_message: types.Content | None, abort_event: asyncio.Event,
     on_event: Callable[[Event], None] | None, seen: outcomes.RunEvents,
 ) -> None:
     """Run the agent, noting what its events say in `seen` as they come (an exception keeps what came)."""
@@ -142,7 +144,7 @@ async def _run_events(
         user_id=run.owner_id,
         session_id=run.session_id,
         invocation_id=run.invocation_id,
-        new_message=None if resumed else user_content(run),
+        new_message=new_message,
         run_config=RunConfig(custom_metadata=run_metadata(run)),
         abort_signal=abort_event,
         yield_user_message=True,
@@ -169,22 +171,32 @@ async def run_agent(
     steps = RunStepRecorder(run.run_id, lease=run.lease) if run.workflow else None
     # A resumed run continues its original's session: no new user message, an answer for each
     # dangling call instead, and its scripted models where the original's stopped.
-    plan: ResumePlan | None = await sync_to_async(resume_plan)(run) if run.resume_of_id else None
+    # A run claimed again after it waited goes on with the answers it waited for (runs.approvals);
+    # a resume answers its original's dangling calls on its first attempt only.
+    going_on = await sync_to_async(approvals.continuation)(run) if run.attempts > 1 else None
+    first_resume = run.resume_of_id and run.attempts <= 1
+    plan: ResumePlan | None = await sync_to_async(resume_plan)(run) if first_resume else None
     if plan is not None and plan.final_text is not None:
         # Nothing was left unanswered and the agent had already answered: that answer is the result
         # (another model call would only say something else after it).
         return Outcome(RunStatus.SUCCESS, result=plan.final_text)
-    app = _build_app(run, plan=plan, plugins=plugins, steps=steps)
+    positions = going_on.positions if going_on else plan.positions if plan else None
+    app = _build_app(run, positions=positions, plugins=plugins, steps=steps)
     # Set before ADK creates its tasks, which copy the context: every model call finds the log.
     log_token = current_retry_log.set(retries)
     await _prepare_session(run, plan)
+    if going_on is not None:
+        await sync_to_async(approvals.mark_delivered)(run=run, call_ids=going_on.call_ids)
+        new_message = going_on.message
+    else:
+        new_message = None if plan is not None or run.attempts > 1 else user_content(run)
     runner = Runner(app=app, session_service=session_service(), memory_service=memory_service())
     abort_event = asyncio.Event()
     control.attach(asyncio.get_running_loop(), abort_event)
     seen = outcomes.RunEvents()
     try:
         await _run_events(
-            runner, run, resumed=plan is not None, abort_event=abort_event, on_event=on_event, seen=seen
+            runner, run, new_message=new_message, abort_event=abort_event, on_event=on_event, seen=seen
         )
     except Exception as exc:  # noqa: BLE001 - every failure becomes the run's recorded outcome
         if leases.lease_lost_of(exc) is not None:
@@ -248,6 +260,10 @@ def finish(run_id: uuid.UUID, control: RunControl, outcome: Outcome) -> None:
         # The run is someone else's now (reconciled, maybe continued): nothing more is written.
         logger.warning("Run %s: stopped without settling it, its lease is gone", run_id)
         return
+    if outcome.status == RunStatus.WAITING and control.run is not None:
+        # Not settled: the run leaves its worker until its calls are answered (runs.approvals).
+        approvals.park_run(run=control.run, waits=outcome.waits, result=outcome.result)
+        return
     # One commit for the outcome and the memories it feeds; the memories sit in a savepoint, so
     # failing to remember can never undo the recorded outcome.
     with transaction.atomic():
@@ -266,7 +282,8 @@ def finish(run_id: uuid.UUID, control: RunControl, outcome: Outcome) -> None:
 def _remember(run_id: uuid.UUID, run: AgentRun | None, events: list[Event]) -> None:
     try:
         with transaction.atomic():
-            if run is not None and events:
+            # A run that waited went on in later attempts: its conversation is read from the session.
+            if run is not None and events and run.attempts <= 1:
                 remember_events(
                     agent=run.agent_name, owner_id=run.owner_id, session_id=run.session_id,
                     invocation_id=run.invocation_id, run_id=run.run_id, events=events,

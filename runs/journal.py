@@ -28,6 +28,7 @@ from django.utils import timezone
 from google.adk.plugins.base_plugin import BasePlugin
 from google.adk.sessions.database_session_service import DatabaseSessionService
 from google.adk.sessions.schemas.v1 import StorageEvent
+from google.adk.utils._function_call_names import REQUEST_CONFIRMATION_FUNCTION_CALL_NAME
 from sqlalchemy import event as sqlalchemy_event
 from sqlalchemy import text
 
@@ -43,6 +44,9 @@ logger = logging.getLogger(__name__)
 EFFECTS_METADATA_KEY = "agent_ledger_effects"
 
 SUMMARY_MAX_CHARS = 500
+# ADK's request for a person's confirmation is not a tool: it acts on nothing, and what it asks is
+# recorded as the run's PendingCall (runs.approvals). The call it asks about is journaled as usual.
+NOT_TOOLS = frozenset({REQUEST_CONFIRMATION_FUNCTION_CALL_NAME})
 ABORTED_RESPONSE = "Invocation was aborted by client."
 
 _INSERT_CALL = text(
@@ -144,7 +148,7 @@ def journal_rows(event_data: dict) -> tuple[uuid.UUID | None, list[dict], list[d
             "called_at": now,
         }
         for part in parts
-        if part.get("function_call")
+        if part.get("function_call") and part["function_call"].get("name") not in NOT_TOOLS
     ]
     answers = []
     for part in parts:
@@ -297,7 +301,7 @@ def session_tools(run: AgentRun) -> list[str]:
             seen_user_message = event.author == "user"
             if seen_user_message:
                 continue
-        names.extend(call.get("name", "") for call in event.function_calls)
+        names.extend(call.get("name", "") for call in event.function_calls if call.get("name") not in NOT_TOOLS)
     return names
 
 

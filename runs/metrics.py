@@ -34,7 +34,7 @@ from prometheus_client.registry import Collector
 
 from runs import overview
 from runs.counters import MODEL_RETRIES, RECONCILIATIONS, REPLAY_REFUSALS  # noqa: F401 - the process's counters, registered
-from runs.models import IN_FLIGHT, AgentRun, EventStatus, RunStatus, WebhookEvent
+from runs.models import IN_FLIGHT, AgentRun, EventStatus, RunStatus, WaitKind, WebhookEvent
 
 # Terminal inbox states grow for ever; the gauges report the states a person or a worker acts on.
 WATCHED_EVENT_STATES = [
@@ -80,6 +80,21 @@ class LedgerCollector(Collector):
             "Age of the oldest heartbeat among running runs (0 when none runs); past RUN_STALE_AFTER_SECONDS "
             "the run is reconciled.",
             value=(now - heartbeat).total_seconds() if heartbeat else 0.0,
+        )
+        waiting = GaugeMetricFamily(
+            "agentledger_calls_waiting", "Tool calls waiting for a person's decision (confirmation) or a long-running "
+            "result (result), by kind; their runs are `waiting` and hold no worker.", labels=["kind"],
+        )
+        by_kind = dict(overview.open_pending_calls().values_list("kind").annotate(n=Count("pk")).order_by())
+        for kind in WaitKind.values:
+            waiting.add_metric([kind], by_kind.get(kind, 0))
+        yield waiting
+        oldest = overview.oldest_pending_call()
+        yield GaugeMetricFamily(
+            "agentledger_call_waiting_age_max_seconds",
+            "How long the oldest waiting call has waited (0 when none waits); past APPROVAL_TIMEOUT_SECONDS it is "
+            "rejected by the system.",
+            value=(now - oldest.asked_at).total_seconds() if oldest else 0.0,
         )
         yield GaugeMetricFamily(
             "agentledger_tool_calls_in_doubt", "Tool calls never answered in runs that are over.",

@@ -16,6 +16,7 @@ from google.genai import errors as genai_errors
 from agents.retrying import EMPTY_TURN, RATE_LIMIT, RetryLog, is_rate_limit
 from agents.scripted import ScriptedModelError
 from agents.workflows import StepEndedWithError, original_error
+from runs import approvals
 from runs.effects import effect_in_doubt_of
 from runs.journal import JournalPlugin, duplicate_call_of
 from runs.models import RunStatus
@@ -31,6 +32,8 @@ class Outcome:
     # The run's stored events as ADK yielded them: what a successful run adds to memory,
     # without reading the session back.
     events: list[Event] = field(default_factory=list)
+    # The calls a `waiting` outcome waits for (runs.approvals).
+    waits: list[approvals.Wait] = field(default_factory=list)
 
 
 def final_text(event: Event) -> str:
@@ -187,6 +190,10 @@ def finished(seen: RunEvents, *, steps: RunStepRecorder | None, retries: RetryLo
             return Outcome(RunStatus.ERROR, code.lower()[:64], message or code)
     if steps is not None:
         return Outcome(RunStatus.SUCCESS, result=output_text(steps.final_output), events=seen.events)
+    waits = approvals.waits_in(seen.events)
+    if waits:
+        # Not an answer yet: the run waits for a person's decision or a long-running call's result.
+        return Outcome(RunStatus.WAITING, result="\n".join(seen.texts), waits=waits)
     if not seen.texts and not seen.answered:
         # Whatever the model did, nothing answered the run: that is not a success to report.
         return Outcome(RunStatus.ERROR, "no_answer", NO_ANSWER_MESSAGE)

@@ -31,6 +31,7 @@ from runs.models import (
     EffectStatus,
     EventStatus,
     FiringOutcome,
+    PendingCall,
     Recovery,
     RunSchedule,
     RunStatus,
@@ -165,6 +166,19 @@ def in_flight(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
     return queryset.filter(status__in=IN_FLIGHT)
 
 
+def waiting(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
+    return queryset.filter(status=RunStatus.WAITING)
+
+
+def open_pending_calls() -> QuerySet[PendingCall]:
+    """Calls that wait for a person's decision or a result now (the partial index on open calls)."""
+    return PendingCall.objects.filter(decision="")
+
+
+def oldest_pending_call() -> PendingCall | None:
+    return open_pending_calls().order_by("asked_at").only("run_id", "call_id", "tool_name", "asked_at", "kind").first()
+
+
 def schedules_skipped_recently(queryset: QuerySet[RunSchedule], *, now: datetime | None = None) -> QuerySet:
     since = (now or timezone.now()) - RECENT
     skipped = ScheduleFiring.objects.filter(
@@ -183,6 +197,7 @@ DESK_SETS: dict[str, tuple[str, Callable[[QuerySet[AgentRun]], QuerySet[AgentRun
     "recovered_24h": ("died, finished by themselves (last 24 h)", recently_recovered),
     "needs_person": ("died, waiting for a person", died_waiting_for_a_person),
     "in_flight": ("in flight (queued or running)", in_flight),
+    "waiting": ("waiting for a decision or a result", waiting),
 }
 
 
@@ -193,6 +208,12 @@ DESK_SETS: dict[str, tuple[str, Callable[[QuerySet[AgentRun]], QuerySet[AgentRun
 class InFlight:
     count: CappedCount
     oldest: AgentRun | None
+
+
+@dataclass(frozen=True)
+class Waiting:
+    count: CappedCount
+    oldest: PendingCall | None
 
 
 @dataclass(frozen=True)
@@ -213,6 +234,7 @@ class Overview:
     recovered_24h: CappedCount
     died_waiting: CappedCount
     in_flight: InFlight
+    approvals_waiting: Waiting
     webhook_events: dict[str, CappedCount] | None
     skipped_firings_24h: CappedCount | None
     hourly: list[Bucket]
@@ -300,6 +322,7 @@ def build_overview(*, now: datetime | None = None, inbox: bool = True, schedules
         recovered_24h=capped_count(recently_recovered(runs, now=now)),
         died_waiting=capped_count(died_waiting_for_a_person(runs)),
         in_flight=InFlight(capped_count(in_flight(runs)), oldest_in_flight()),
+        approvals_waiting=Waiting(capped_count(open_pending_calls()), oldest_pending_call()),
         webhook_events=events,
         skipped_firings_24h=skipped,
         hourly=hourly[-24:],

@@ -77,6 +77,13 @@ JOBS: tuple[Job, ...] = (
         schedule_type=Schedule.CRON,
         cron="15 4 * * *",
     ),
+    # Calls that waited past APPROVAL_TIMEOUT_SECONDS are rejected by the system; their runs go on.
+    Job(
+        name="runs.expire_approvals",
+        func="runs.tasks.expire_approvals",
+        schedule_type=Schedule.MINUTES,
+        minutes=1,
+    ),
     # More periodic jobs go here.
 )
 

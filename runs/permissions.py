@@ -16,6 +16,8 @@ Seeing is `runs.visibility`; this module is acting.
   the owner rule again (a grant taken back stops replays too); a holder of it replays any run
   for the owner the original's starter was allowed. Resuming asks what replaying asks.
 - **On a call in doubt.** Settling one needs `runs.settle_toolcall`.
+- **On a call that waits.** Approving or rejecting one needs `runs.approve_toolcall`; giving a
+  long-running call's result needs `runs.answer_toolcall` and the owner rule for the run's owner.
 - A run the actor cannot see answers 404 before any of this.
 """
 
@@ -30,6 +32,8 @@ from runs import visibility
 from runs.inbox.refusals import ResolveNotPermitted, RetryNotPermitted
 from runs.models import AgentRun, OwnerGrant
 from runs.refusals import (
+    AnswerNotPermitted,
+    ApproveNotPermitted,
     CancelNotPermitted,
     ForceNotPermitted,
     OwnerNotPermitted,
@@ -45,6 +49,8 @@ CANCEL_OTHERS = "runs.cancel_agentrun"
 RESOLVE_EVENTS = "runs.resolve_webhookevent"
 FORCE_REPLAY = "runs.force_replay_agentrun"
 SETTLE_CALLS = "runs.settle_toolcall"
+APPROVE_CALLS = "runs.approve_toolcall"
+ANSWER_CALLS = "runs.answer_toolcall"
 
 
 def _is_person(user: Any) -> bool:
@@ -174,6 +180,30 @@ def may_settle(*, user: Any) -> bool:
 def check_may_settle(*, actor: Any) -> None:
     if not may_settle(user=actor):
         raise SettleNotPermitted()
+
+
+# --- On a call that waits (runs.approvals) ---------------------------------------------------------
+
+
+def may_approve(*, user: Any) -> bool:
+    return bool(getattr(user, "is_authenticated", False) and user.has_perm(APPROVE_CALLS))
+
+
+def check_may_approve(*, actor: Any) -> None:
+    if not may_approve(user=actor):
+        raise ApproveNotPermitted()
+
+
+def may_answer(*, user: Any) -> bool:
+    return bool(getattr(user, "is_authenticated", False) and user.has_perm(ANSWER_CALLS))
+
+
+def check_may_answer(*, actor: Any, run: AgentRun | None = None) -> None:
+    """A long-running call's result: the permission, then (given the run) the owner rule for its owner."""
+    if not may_answer(user=actor):
+        raise AnswerNotPermitted()
+    if run is not None:
+        check_may_act_for_owner(user=actor, owner_id=run.owner_id)
 
 
 # --- On a webhook event ---------------------------------------------------------------------------

@@ -331,7 +331,9 @@ def requeue_lost_runs(*, now: datetime | None = None) -> list[uuid.UUID]:
     cutoff = now - timedelta(seconds=settings.RUN_REQUEUE_AFTER_SECONDS)
     candidates = list(
         AgentRun.objects.filter(status=RunStatus.QUEUED, created_at__lt=cutoff)
-        .exclude(trigger=Trigger.CHAT)
+        # A chat turn never claimed is its server's to run; one queued again after it waited
+        # (runs.approvals) is a worker's, like any run.
+        .exclude(trigger=Trigger.CHAT, attempts=0)
         .filter(Q(requeued_at__isnull=True) | Q(requeued_at__lt=cutoff))
         .values_list("run_id", "requeued_at")
     )
@@ -364,11 +366,13 @@ def abandon_lost_chat_turns(*, now: datetime | None = None) -> int:
 
     A chat turn is executed by the server that streams it; if that server died before claiming
     it, running it later in a worker would act for a user who is no longer waiting. Nothing ran
-    (it was never claimed), so its tools are checked and none.
+    (it was never claimed), so its tools are checked and none. A turn queued again after it waited
+    for a decision was claimed before: a worker continues it.
     """
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.RUN_REQUEUE_AFTER_SECONDS)
-    return AgentRun.objects.filter(status=RunStatus.QUEUED, trigger=Trigger.CHAT, created_at__lt=cutoff).update(
+    lost = AgentRun.objects.filter(status=RunStatus.QUEUED, trigger=Trigger.CHAT, attempts=0, created_at__lt=cutoff)
+    return lost.update(
         status=RunStatus.CANCELLED,
         error_code="abandoned",
         error_message=ABANDONED_CHAT_MESSAGE,

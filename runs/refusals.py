@@ -52,6 +52,13 @@ class RunInFlight(ReplayRefused):
     code = "run_in_flight"
 
 
+class RunWaiting(ReplayRefused):
+    """The run waits for a person's decision or a long-running call's result (runs.approvals)."""
+
+    status = 409
+    code = "run_waiting"
+
+
 class ReplayInFlight(ReplayRefused):
     status = 409
     code = "replay_in_flight"
@@ -287,6 +294,13 @@ class ResumeRefused(Refusal):
     """A refusal of `runs.resume.decide_resume`: each says what to do instead (settle, replay, wait)."""
 
 
+class ResumeRunWaiting(ResumeRefused):
+    """A waiting run goes on by itself once its calls are answered: there is nothing to resume."""
+
+    status = 409
+    code = "run_waiting"
+
+
 class ResumeRunInFlight(ResumeRefused):
     status = 409
     code = "run_in_flight"
@@ -352,6 +366,7 @@ class ConversationMovedOn(ResumeRefused):
 # (the API's are written from these tuples), and tests/test_docs_truth.py holds all of them to it.
 
 REPLAY_REFUSAL_ORDER: tuple[type[ReplayRefused], ...] = (
+    RunWaiting,
     RunInFlight,
     ReplayInFlight,
     ResumeInFlight,
@@ -365,6 +380,7 @@ REPLAY_REFUSAL_ORDER: tuple[type[ReplayRefused], ...] = (
 )
 
 RESUME_REFUSAL_ORDER: tuple[type[ResumeRefused], ...] = (
+    ResumeRunWaiting,
     ResumeRunInFlight,
     AlreadyContinued,
     ContinuedByReplay,
@@ -379,7 +395,7 @@ RESUME_REFUSAL_ORDER: tuple[type[ResumeRefused], ...] = (
 
 # How the inbox reads a replay refusal of an event's last run: it, or what continues it (a replay or
 # a resume), is still working (look later); or its work was finished or taken over (done here).
-STILL_GOING: tuple[type[ReplayRefused], ...] = (RunInFlight, ReplayInFlight, ResumeInFlight)
+STILL_GOING: tuple[type[ReplayRefused], ...] = (RunWaiting, RunInFlight, ReplayInFlight, ResumeInFlight)
 ALREADY_CONTINUED: tuple[type[ReplayRefused], ...] = (RunSucceeded, AlreadyReplayed, AlreadyResumed)
 
 
@@ -401,3 +417,84 @@ class FaultsNotPermitted(Refusal):
             "“Can place scripted tool faults” (runs.place_tool_faults), since a crash kills the worker "
             "and every run in flight on it."
         )
+
+
+# --- Calls that wait (docs/architecture.md, "Approvals and tools that wait") -----------------------
+
+
+class NotWaitingFor(Refusal):
+    """The run waits for no such call (never asked, or the call id is another run's)."""
+
+    status = 404
+    code = "not_found"
+
+    def __init__(self, run_id: Any, call_id: Any):
+        super().__init__(
+            f"Run {run_id} is not waiting for a decision or a result on call {call_id}.",
+            run_id=str(run_id), call_id=str(call_id),
+        )
+
+
+class AlreadyDecided(Refusal):
+    """A call's decision is used once: the first one stands."""
+
+    status = 409
+    code = "already_decided"
+
+    def __init__(self, call_id: str, decision: str, decided_by: str, decided_at: str):
+        super().__init__(
+            f"Call {call_id} was already answered ({decision}, by {decided_by} at {decided_at}); a decision is "
+            "taken once and the run went on with it.",
+            call_id=call_id, decision=decision, decided_by=decided_by, decided_at=decided_at,
+        )
+
+
+class WrongAnswerKind(Refusal):
+    """A decision sent for a long-running call, or a result for a confirmation."""
+
+    status = 409
+    code = "wrong_answer_kind"
+
+    def __init__(self, call_id: str, waits_for: str, door: str):
+        super().__init__(
+            f"Call {call_id} waits for {waits_for}; send it to …/calls/{call_id}/{door}/ instead.",
+            call_id=call_id, waits_for=waits_for,
+        )
+
+
+class ApproveNotPermitted(Refusal):
+    status = 403
+    code = "approve_not_permitted"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "Approving or rejecting a tool call needs the permission “Can approve or reject a tool call that waits "
+            "for a person” (runs.approve_toolcall); ask someone who has it."
+        )
+
+
+class AnswerNotPermitted(Refusal):
+    status = 403
+    code = "answer_not_permitted"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "Giving a long-running call's result needs the permission “Can give the result of a long-running tool "
+            "call” (runs.answer_toolcall); ask someone who has it."
+        )
+
+
+class UnknownDecision(Refusal):
+    status = 400
+    code = "unknown_decision"
+
+    def __init__(self, value: Any):
+        super().__init__(f"decision must be approve or reject, not {value!r}.", decision=str(value)[:64])
+
+
+class PayloadNotAllowed(Refusal):
+    status = 400
+    code = "payload_invalid"
+
+    def __init__(self, why: str):
+        super().__init__(why)

@@ -31,6 +31,7 @@ from runs import chain
 from runs.chain import Successor
 from runs.models import (
     IN_FLIGHT,
+    UNSETTLED,
     AgentRun,
     EffectStatus,
     RunStatus,
@@ -49,6 +50,7 @@ from runs.refusals import (
     ResumeInFlight,
     RunInFlight,
     RunSucceeded,
+    RunWaiting,
     ToolsCalled,
     ToolsUnknown,
 )
@@ -166,14 +168,20 @@ def decide_on_facts(run: AgentRun, *, force: bool, facts: ReplayFacts) -> Decisi
 
 
 def _final_refusal(run: AgentRun, facts: ReplayFacts) -> ReplayRefused | None:
-    """The refusals nobody can set aside by forcing: something still runs, or the input is gone."""
+    """The refusals nobody can set aside by forcing: something still runs or waits, or the input is gone."""
+    if run.status == RunStatus.WAITING:
+        return RunWaiting(
+            "This run is waiting for a decision on a tool call (or a long-running call's result): it goes on "
+            "by itself once answered. Approve or reject the call, or cancel the run, instead of replaying it.",
+            status=run.status,
+        )
     if run.status in IN_FLIGHT:
         return RunInFlight(
             f"This run is still {run.status}: a replay now could do its work twice. "
             "Cancel it or wait for it to finish.",
             status=run.status,
         )
-    in_flight = next((r for r in facts.replays if r.status in IN_FLIGHT), None)
+    in_flight = next((r for r in facts.replays if r.status in UNSETTLED), None)
     if in_flight is not None:
         return ReplayInFlight(
             f"This run's replay {in_flight.run_id} is still {in_flight.status}: wait for it to "
@@ -181,7 +189,7 @@ def _final_refusal(run: AgentRun, facts: ReplayFacts) -> ReplayRefused | None:
             replay_run_id=str(in_flight.run_id),
             replay_status=in_flight.status,
         )
-    resuming = next((r for r in facts.resumes if r.status in IN_FLIGHT), None)
+    resuming = next((r for r in facts.resumes if r.status in UNSETTLED), None)
     if resuming is not None:
         return ResumeInFlight(
             f"This run's resume {resuming.run_id} is still {resuming.status}: it continues the same work, so "

@@ -48,6 +48,7 @@ from runs import chain
 from runs.chain import Successor
 from runs.models import (
     IN_FLIGHT,
+    UNSETTLED,
     AgentRun,
     EffectStatus,
     RunStatus,
@@ -65,6 +66,7 @@ from runs.refusals import (
     ResumeRefused,
     ResumeRunInFlight,
     ResumeRunSucceeded,
+    ResumeRunWaiting,
     SessionGone,
     WorkflowNotResumable,
 )
@@ -301,7 +303,7 @@ def decide_resume(run: AgentRun, *, facts: ResumeFacts | None = None) -> ResumeD
     (`gather_resume_facts` reads the rest).
     """
     if facts is None:
-        successors = () if run.status in IN_FLIGHT else chain.successors(run)
+        successors = () if run.status in UNSETTLED else chain.successors(run)
         early = refusal_before_the_session(run, successors)
         if early is not None:
             return early
@@ -310,7 +312,13 @@ def decide_resume(run: AgentRun, *, facts: ResumeFacts | None = None) -> ResumeD
 
 
 def refusal_before_the_session(run: AgentRun, successors: tuple[Successor, ...]) -> ResumeDecision | None:
-    """The refusals the row and its successors decide (pure): in flight, continued once already, succeeded."""
+    """The refusals the row and its successors decide (pure): waiting, in flight, continued once already, succeeded."""
+    if run.status == RunStatus.WAITING:
+        return ResumeDecision(ResumeRunWaiting(
+            "This run is waiting for a decision on a tool call (or a long-running call's result): it goes on by "
+            "itself, in its session, once answered. Approve or reject the call instead of resuming it.",
+            status=run.status,
+        ))
     if run.status in IN_FLIGHT:
         return ResumeDecision(ResumeRunInFlight(
             f"This run is still {run.status}: there is nothing to resume yet. Wait for it to finish, or cancel it.",

@@ -21,7 +21,7 @@ from django.db.models import QuerySet, Subquery
 from django.utils import timezone
 
 from agents.models import AdkEvent
-from runs.models import IN_FLIGHT, AgentRun
+from runs.models import UNSETTLED, AgentRun
 
 # A batch deletes at most this many events: larger batches are long transactions again.
 MAX_BATCH_SIZE = 100_000
@@ -88,7 +88,7 @@ def purgeable_events(*, cutoff: datetime) -> QuerySet[AdkEvent]:
     in-flight run's events, and it plans as one hashed `NOT IN` over the few in-flight runs
     instead of a join probed for every old event.
     """
-    in_flight_sessions = AgentRun.objects.filter(status__in=IN_FLIGHT).values("session_id")
+    in_flight_sessions = AgentRun.objects.filter(status__in=UNSETTLED).values("session_id")
     return AdkEvent.objects.filter(timestamp__lt=cutoff).exclude(session_id__in=Subquery(in_flight_sessions))
 
 

@@ -29,7 +29,7 @@ from agents.services import resolve_runnable
 from agents.workflows import WorkflowGraphError, validate_workflow_params
 from config.lib import files, safe_json
 from config.lib.refusals import TooLargeInput, required_text
-from runs import lifecycle, permissions, quotas, reconcile, visibility
+from runs import approvals, journal, lifecycle, permissions, quotas, reconcile, visibility
 from runs import replay as rules
 from runs import resume as resume_rules
 from runs.counters import REPLAY_REFUSALS
@@ -416,6 +416,7 @@ def resume_run(run_id: Any, *, actor: Any) -> AgentRun:
 # --- Cancelling -----------------------------------------------------------------------------------
 
 CANCELLED_BEFORE_START = "The run was cancelled before it started."
+CANCELLED_BEFORE_GOING_ON = "The run was cancelled after its calls were answered, before it went on."
 
 
 def cancel_run(run_id: Any, *, actor: Any) -> AgentRun:
@@ -437,15 +438,21 @@ def cancel_run(run_id: Any, *, actor: Any) -> AgentRun:
             # running case below instead of being overwritten.
             cancelled = AgentRun.objects.filter(pk=run.pk, status=RunStatus.QUEUED).update(
                 status=RunStatus.CANCELLED,
-                tools_executed=[],
+                # A run queued again after it waited has already called tools.
+                tools_executed=[] if run.attempts == 0 else journal.derive_tools_executed(run),
                 error_code="cancelled",
-                error_message=CANCELLED_BEFORE_START,
+                error_message=CANCELLED_BEFORE_START if run.attempts == 0 else CANCELLED_BEFORE_GOING_ON,
                 finished_at=now,
                 cancel_requested_at=now,
                 cancel_requested_by=user,
             )
             if not cancelled:
                 run.refresh_from_db()
+        if run.status == RunStatus.WAITING:
+            # No worker holds a waiting run: it is settled here, and the calls it waited for are closed.
+            approvals.cancel_waiting(run=run, actor=actor, now=now)
+            run.refresh_from_db()
+            return run
         if run.status == RunStatus.RUNNING:
             AgentRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING, cancel_requested_at__isnull=True).update(
                 cancel_requested_at=now, cancel_requested_by=user

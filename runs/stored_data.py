@@ -29,7 +29,7 @@ from django.db import transaction
 from django.db.models import Count, Max, Q
 from django.utils import timezone
 
-from runs.models import IN_FLIGHT, AgentRun, EventStatus, WebhookEvent
+from runs.models import UNSETTLED, AgentRun, EventStatus, WebhookEvent
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def _remove_folder(root: Path, folder: Path) -> bool:
 
 
 def _unsettled_event_runs() -> Q:
-    return Q(runs__status__in=IN_FLIGHT)
+    return Q(runs__status__in=UNSETTLED)
 
 
 def purge_webhook_attachments(*, now: datetime, report: RetentionReport) -> None:
@@ -120,7 +120,7 @@ def purge_webhook_events(*, now: datetime, report: RetentionReport) -> None:
                 .filter(pk__in=batch, status__in=CLOSED_EVENTS)
                 .values_list("pk", flat=True)
             )
-            AgentRun.objects.filter(webhook_event_id__in=ids).exclude(status__in=IN_FLIGHT).update(webhook_event=None)
+            AgentRun.objects.filter(webhook_event_id__in=ids).exclude(status__in=UNSETTLED).update(webhook_event=None)
             deleted, _ = WebhookEvent.objects.filter(pk__in=ids).exclude(_unsettled_event_runs()).delete()
         report.events_deleted += deleted
         for event_id in ids:
@@ -139,7 +139,7 @@ def purge_run_inputs(*, now: datetime, report: RetentionReport) -> None:
     paths = (
         AgentRun.objects.exclude(input_file="")
         .values("input_file")
-        .annotate(last=Max("finished_at"), open=Count("pk", filter=Q(status__in=IN_FLIGHT)))
+        .annotate(last=Max("finished_at"), open=Count("pk", filter=Q(status__in=UNSETTLED)))
         .filter(open=0, last__lt=now - timedelta(days=days))
         .values_list("input_file", flat=True)
     )

@@ -4,7 +4,7 @@ import uuid
 
 from django.conf import settings
 
-from runs import executor, reconcile, recovery, retention, stored_data, worker
+from runs import approvals, executor, reconcile, recovery, retention, stored_data, worker
 from runs.inbox import processing
 from runs.schedules import services as scheduling
 
@@ -50,3 +50,8 @@ def fire_schedules() -> str:
 def purge_stored_inputs() -> str:
     """Daily: remove closed webhook events, their attachments and settled runs' input copies past retention."""
     return str(stored_data.purge_stored_inputs())
+
+
+def expire_approvals() -> str:
+    """Every minute: reject the calls that waited past APPROVAL_TIMEOUT_SECONDS; their runs go on."""
+    return f"{approvals.expire_waiting()} waiting call(s) timed out"

@@ -207,6 +207,7 @@ def test_setup_schedules_creates_every_job_and_a_second_run_changes_nothing():
     assert first["runs.reconcile"][:5] == ("runs.tasks.reconcile_runs", Schedule.MINUTES, 1, None, -1)
     assert first["runs.purge_events"][:5] == ("runs.tasks.purge_events", Schedule.CRON, None, "30 3 * * *", -1)
     assert first["memory.prune"][:5] == ("memory.tasks.prune_memories", Schedule.CRON, None, "45 3 * * *", -1)
+    assert first["runs.expire_approvals"][:5] == ("runs.tasks.expire_approvals", Schedule.MINUTES, 1, None, -1)
     # The nightly purge waits for its slot instead of running at deploy time.
     assert first["runs.purge_events"][5] > timezone.now()
 
@@ -217,6 +218,7 @@ def test_setup_schedules_creates_every_job_and_a_second_run_changes_nothing():
         "runs.webhook_sweeper:", "unchanged",
         "runs.fire_schedules:", "unchanged",
         "runs.purge_stored_inputs:", "unchanged",
+        "runs.expire_approvals:", "unchanged",
     ]
     assert _schedules() == first
 
@@ -242,7 +244,9 @@ def test_the_scheduler_enqueues_the_reconcile_job_and_it_runs():
     scheduler()
     queued = {task.task["func"]: task.task for task in OrmQ.objects.all()}
     # The every-minute jobs are due at once; the nightly ones wait for their slot.
-    assert sorted(queued) == ["runs.tasks.fire_schedules", "runs.tasks.reconcile_runs", "runs.tasks.sweep_webhooks"]
+    assert sorted(queued) == [
+        "runs.tasks.expire_approvals", "runs.tasks.fire_schedules", "runs.tasks.reconcile_runs", "runs.tasks.sweep_webhooks",
+    ]
     assert queued["runs.tasks.reconcile_runs"]["group"] == "runs.reconcile"
     assert queued["runs.tasks.sweep_webhooks"]["group"] == "runs.webhook_sweeper"
 

@@ -140,9 +140,12 @@ def test_run_agent_refuses_a_file_over_the_limit(tmp_path, settings):
 def test_seed_demo_really_runs_the_agent_once():
     call_command("seed_demo")
     runs = {run.config["message"]: run for run in AgentRun.objects.filter(agent_name="support")}
-    assert len(runs) == 3
+    assert len(runs) == 4
     states = sorted((r.status, r.tools_state) for r in runs.values())
-    assert states == [("error", "called"), ("error", "none"), ("success", "called")]
+    assert states == [("error", "called"), ("error", "none"), ("success", "called"), ("waiting", "called")]
+    # One waits on the desk for a person to approve a refund above the threshold.
+    waiting = next(r for r in runs.values() if r.status == "waiting")
+    assert list(waiting.pending_calls.values_list("tool_name", "decision")) == [("issue_refund", "")]
     failed_after = next(r for r in runs.values() if r.status == "error" and r.tools_executed)
     assert failed_after.tools_executed == ["lookup_customer", "send_email"]
 
@@ -152,7 +155,7 @@ def test_seed_demo_really_runs_the_agent_once():
     assert [s.step_name for s in workflow_run.steps.order_by("seq")][2:] == ["findings", "brief", "support"]
 
     call_command("seed_demo")
-    assert AgentRun.objects.count() == 4
+    assert AgentRun.objects.count() == 5
 
 
 @pytest.mark.django_db

@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from runs import timeline
-from runs.models import AgentRun
+from runs.models import UNSETTLED, AgentRun, PendingCall, RunStatus
 
 TEMPLATE = "admin/runs/agentrun/live.html"
 POLL_MILLISECONDS = 1500
@@ -25,6 +25,9 @@ def live_context(run: AgentRun) -> dict:
     heartbeat_age = (timezone.now() - run.heartbeat_at).total_seconds() if run.heartbeat_at else None
     return {
         "live_run": run,
+        "live_unsettled": run.status in UNSETTLED,
+        "live_waiting": (list(PendingCall.objects.filter(run_id=run.run_id, decision="").order_by("asked_at"))
+                         if run.status == RunStatus.WAITING else []),
         "live_url": reverse("admin:runs_agentrun_live", args=[run.pk]),
         "live_every_ms": POLL_MILLISECONDS,
         "heartbeat_age": heartbeat_age,

@@ -17,6 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.timesince import timesince
 
 from runs import overview
 from runs.models import EventStatus, RunStatus
@@ -30,6 +31,7 @@ STATUS_COLOURS = {
     RunStatus.CANCELLED: "#9a6700",
     RunStatus.RUNNING: "#1f6feb",
     RunStatus.QUEUED: "#8c959f",
+    RunStatus.WAITING: "#8250df",
 }
 CHART_WIDTH, CHART_HEIGHT, AXIS = 720, 160, 24
 
@@ -98,6 +100,8 @@ def tiles(data: overview.Overview, *, inbox: bool, schedules: bool) -> list[Tile
         Tile("died-waiting", "Died and waiting for a person", data.died_waiting, runs_url("needs_person"),
              "The system could not continue them safely; each run says why.", alert=data.died_waiting.value > 0),
         Tile("in-flight", "Runs in flight", data.in_flight.count, runs_url("in_flight"), "Queued or running."),
+        Tile("approvals-waiting", "Approvals waiting", data.approvals_waiting.count, runs_url("waiting"),
+             waiting_help(data.approvals_waiting.oldest), alert=data.approvals_waiting.count.value > 0),
     ]
     if inbox and data.webhook_events is not None:
         events_url = reverse("admin:runs_webhookevent_changelist")
@@ -116,6 +120,14 @@ def tiles(data: overview.Overview, *, inbox: bool, schedules: bool) -> list[Tile
                  "The previous run was still in flight at the slot; the link lists those schedules.")
         )
     return result
+
+
+def waiting_help(oldest) -> str:
+    if oldest is None:
+        return "Tool calls that wait for a person's approval or a long-running result: none now."
+    asked = timesince(oldest.asked_at)
+    return (f"Tool calls that wait for a person's approval or a long-running result. The oldest, "
+            f"{oldest.tool_name} in run {str(oldest.run_id)[:8]}, was asked {asked} ago.")
 
 
 def legend() -> SafeString:

@@ -17,10 +17,10 @@ from config.lib.admin import (
     object_buttons,
 )
 from runs import permissions, reconcile, resume, timeline
-from runs.admin import actions, live, run_page, settle
+from runs.admin import actions, approvals, live, run_page, settle
 from runs.admin.filters import AgentFilter, DeskFilter, StaleRunningFilter, ToolsStateFilter
 from runs.admin.resume import resume_selected
-from runs.models import AgentRun, ToolCall
+from runs.models import UNSETTLED, AgentRun, ToolCall
 
 
 class ToolCallInline(ReadOnlyAdminMixin, admin.TabularInline):
@@ -162,6 +162,13 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
                 name="%s_%s_live" % info,
             ),
             path(
+                "<path:object_id>/calls/<str:call_id>/answer/",
+                self.admin_site.admin_view(
+                    lambda request, object_id, call_id: approvals.answer_call_view(self, request, object_id, call_id)
+                ),
+                name="%s_%s_answer_call" % info,
+            ),
+            path(
                 "<path:object_id>/calls/<str:call_id>/settle/",
                 self.admin_site.admin_view(
                     lambda request, object_id, call_id: settle.settle_call_view(self, request, object_id, call_id)
@@ -181,11 +188,12 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
                 decision=(decision := run_page.decision_now(run)),
                 resume_decision=resume.decide_resume(run),
                 **settle.settle_context(run, decision["facts"], user=request.user),
+                **approvals.approvals_context(run, user=request.user),
                 can_force=self.has_force_replay_permission(request),
                 **object_buttons(self, self.page_buttons(request, run)),
                 **run_page.workflow_steps_context(run),
                 # While it runs, the page polls the live panel instead of showing a still timeline.
-                **(live.live_context(run) if run.is_in_flight else {}),
+                **(live.live_context(run) if run.status in UNSETTLED else {}),
             )
         return super().change_view(request, object_id, form_url, extra_context)
 
@@ -195,7 +203,7 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
             buttons.append(ObjectButton("replay_selected", "Replay", "replay-button"))
         if self.has_force_replay_permission(request):
             buttons.append(ObjectButton("force_replay_selected", "Force replay…", "force-replay-button"))
-        if run.is_in_flight and self.has_cancel_permission(request, run):
+        if run.status in UNSETTLED and self.has_cancel_permission(request, run):
             buttons.append(ObjectButton("cancel_selected", "Cancel run", "cancel-button"))
         elif run.status != "success":
             buttons.append(ObjectButton("resume_selected", "Resume…", "resume-button"))

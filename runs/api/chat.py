@@ -6,7 +6,9 @@ follows DRF's TokenAuthentication and SessionAuthentication (with its CSRF check
 view is not a DRF view because DRF's views cannot stream from an async generator.
 
 Stream: `event: run` (ids of the run, conversation and session), one `event: adk` per ADK event
-(the event as JSON, camelCase), `event: done` (the settled run: status, error, result, tools).
+(the event as JSON, camelCase), `event: done` (the settled run: status, error, result, tools). A
+turn that waits for a decision on a call sends `event: waiting` (the calls) before `done` (status
+`waiting`, with `waiting_for`); the conversation stays busy until the run has gone on.
 Comment lines (`: keepalive`) keep idle connections open while a tool works. Refusals before
 the stream are JSON `{"code", "detail", ...}` with 400, 401, 403, 404, 405, 409 or 413.
 """
@@ -30,7 +32,7 @@ from config.lib.auth import ExpiringTokenAuthentication
 from config.lib.refusals import Refusal
 from config.lib.throttles import CHAT_TURN, throttle_wait
 from runs.chat import turns as chat
-from runs.models import AgentRun
+from runs.models import AgentRun, PendingCall, RunStatus
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +125,18 @@ class ChatStream(StreamingHttpResponse):
                 if not turn.task.cancelled() and turn.task.exception() is not None:
                     logger.error("Chat run %s failed to execute", run.run_id, exc_info=turn.task.exception())
             settled = await AgentRun.objects.aget(pk=run.run_id)
-            yield chat.sse("done", chat.outcome_payload(settled))
+            payload = chat.outcome_payload(settled)
+            if settled.status == RunStatus.WAITING:
+                # The turn waits for a decision: it leaves the stream, and the conversation stays busy
+                # until the calls are answered and the run has gone on (runs.approvals).
+                waiting_for = [
+                    {"call_id": call.call_id, "kind": call.kind, "tool_name": call.tool_name, "args": call.args,
+                     "hint": call.hint}
+                    async for call in PendingCall.objects.filter(run_id=run.run_id, decision="").order_by("asked_at")
+                ]
+                payload["waiting_for"] = waiting_for
+                yield chat.sse("waiting", {"run_id": str(run.run_id), "waiting_for": waiting_for})
+            yield chat.sse("done", payload)
         finally:
             # Cancelled (the client left) or closed early: never leave the turn running unseen.
             turn.abandon()
@@ -200,7 +213,8 @@ def add_chat_to_schema(result: dict, generator, request, public) -> dict:
             "operationId": "chat_turn",
             "summary": "One chat turn, streamed as server-sent events",
             "description": "`event: run` (the run, conversation and session ids), one `event: adk` per ADK event "
-                           "(JSON), then `event: done` (the settled run). `: keepalive` comments keep an idle "
+                           "(JSON), then `event: done` (the settled run; a turn that waits for a decision sends `event: waiting` "
+                           "first, and `done` says `waiting`). `: keepalive` comments keep an idle "
                            "stream open. Refusals before the stream are JSON errors.",
             "tags": ["chat"],
             "requestBody": {"required": True, "content": {

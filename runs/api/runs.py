@@ -18,6 +18,7 @@ from config.lib.parsers import BoundedMultiPartParser, StrictJSONParser
 from config.lib.serializers import EmptySerializer
 from config.lib.throttles import REPLAY, START_RUN, ScopedUserRateThrottle
 from runs import effects, reconcile, services, timeline, visibility
+from runs.api.approvals import CallAnswerActions
 from runs.api.serializers import (
     ReplayRequestSerializer,
     RunCreateSerializer,
@@ -97,7 +98,7 @@ LIST_FILTERS = [
         responses={200: RunDetailSerializer, **errors(401, 404)},
     ),
 )
-class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class RunViewSet(CallAnswerActions, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = RunSerializer
     pagination_class = RunCursorPagination
     parser_classes = [StrictJSONParser, parsers.FormParser, BoundedMultiPartParser]

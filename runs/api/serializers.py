@@ -20,10 +20,11 @@ from config.lib.serializers import (
     StrictSerializer,
 )
 from config.lib.user_params import SCRIPT_KEYS, scripts_refusal
+from runs import approvals, resume
 from runs import replay as rules
-from runs import resume
 from runs.effects import MAX_NOTE_CHARS
-from runs.models import AgentRun, EffectsChoice, RunStep, SettledOutcome, ToolCall
+from runs.models import AgentRun, Decision, EffectsChoice, PendingCall, RunStep, SettledOutcome, ToolCall
+from runs.models.approvals import PERSON_DECISIONS
 from runs.public_text import public_error_message, public_step_error
 from runs.refusals import REPLAY_REFUSAL_ORDER, RESUME_REFUSAL_ORDER
 from runs.services import MAX_FORCE_REASON_CHARS, MAX_OWNER_ID_CHARS
@@ -357,6 +358,52 @@ class ModelRetrySerializer(serializers.Serializer):
     detail = serializers.CharField(required=False, help_text="What came back, e.g. 503 UNAVAILABLE: …")
 
 
+# --- Calls that wait (runs.approvals) -----------------------------------------------------------------
+
+
+class DecisionSerializer(StrictSerializer):
+    decision = serializers.ChoiceField(
+        choices=PERSON_DECISIONS,
+        help_text="approve: the call runs (under every rule); reject: the model is told it was rejected.",
+    )
+    note = StrictCharField(required=False, allow_blank=True, max_length=approvals.NOTE_MAX_CHARS,
+                           trim_whitespace=False, help_text="Why (recorded with the decision).")
+    payload = serializers.JSONField(required=False, allow_null=True,
+                                    help_text="What the tool asked for (its confirmation payload), if anything.")
+
+
+class CallResultSerializer(StrictSerializer):
+    result = serializers.JSONField(help_text="The long-running call's answer: the function response the model sees "
+                                             "(an object; anything else is sent as {\"result\": …}).")
+    note = StrictCharField(required=False, allow_blank=True, max_length=approvals.NOTE_MAX_CHARS,
+                           trim_whitespace=False)
+
+
+class PendingCallSerializer(serializers.ModelSerializer):
+    decided_by = serializers.SlugRelatedField(**_username)
+    decision = serializers.ChoiceField(choices=Decision.choices, allow_blank=True, read_only=True,
+                                       help_text="Empty while the call waits.")
+    consumed = serializers.SerializerMethodField(help_text="The run went on with this answer.")
+
+    class Meta:
+        model = PendingCall
+        fields = ["call_id", "kind", "tool_name", "agent_name", "args", "hint", "payload_asked", "asked_at",
+                  "decision", "decided_by", "by_system", "decided_at", "note", "payload", "consumed"]
+        read_only_fields = fields
+
+    def get_consumed(self, pending: PendingCall) -> bool:
+        return pending.delivered_attempt is not None
+
+
+class AnsweredCallSerializer(PendingCallSerializer):
+    run_status = serializers.CharField(source="run.status", read_only=True,
+                                       help_text="queued: the run goes on; waiting: it waits for other calls.")
+
+    class Meta(PendingCallSerializer.Meta):
+        fields = [*PendingCallSerializer.Meta.fields, "run_status"]
+        read_only_fields = fields
+
+
 class RunDetailSerializer(RunSerializer):
     tool_calls = ToolCallSerializer(many=True, read_only=True)
     model_retries = ModelRetrySerializer(many=True, read_only=True,
@@ -366,10 +413,12 @@ class RunDetailSerializer(RunSerializer):
     replay_decision = serializers.SerializerMethodField()
     resumes = ReplaySummarySerializer(many=True, read_only=True, help_text="The runs that continue this one.")
     resume_decision = serializers.SerializerMethodField()
+    pending_calls = serializers.SerializerMethodField(help_text="The calls the run waits for, or waited for, with "
+                                                                "their decisions (runs.approvals).")
 
     class Meta(RunSerializer.Meta):
         fields = RunSerializer.Meta.fields + ["tool_calls", "steps", "replays", "replay_decision"]
-        fields += ["resumes", "resume_decision", "model_retries"]
+        fields += ["resumes", "resume_decision", "model_retries", "pending_calls"]
         read_only_fields = fields
 
     @extend_schema_field(ReplayDecisionSerializer)
@@ -380,6 +429,10 @@ class RunDetailSerializer(RunSerializer):
     @extend_schema_field(ResumeDecisionSerializer)
     def get_resume_decision(self, run: AgentRun) -> dict:
         return resume.describe_resume_now(run)
+
+    @extend_schema_field(PendingCallSerializer(many=True))
+    def get_pending_calls(self, run: AgentRun) -> list:
+        return PendingCallSerializer(approvals.pending_calls_of(run), many=True, context=self.context).data
 
 
 class AttachmentSerializer(serializers.Serializer):
@@ -418,3 +471,4 @@ class RunEventsSerializer(serializers.Serializer):
     run_id = serializers.UUIDField()
     session_id = serializers.CharField()
     events = EventSerializer(many=True)
+

@@ -30,7 +30,7 @@ from agents.services import resolve_runnable
 from config.lib.refusals import Refusal
 from config.lib.user_params import scripts_refusal
 from runs import executor, outcomes, permissions, services
-from runs.models import IN_FLIGHT, AgentRun, Conversation, Trigger
+from runs.models import UNSETTLED, AgentRun, Conversation, Trigger
 from runs.public_text import public_error_message
 
 logger = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ def begin_turn(
                 AgentRun.objects.filter(
                     conversation_id=str(conversation.pk),
                     session_id=conversation.session_id,
-                    status__in=IN_FLIGHT,
+                    status__in=UNSETTLED,
                 )
                 .values_list("run_id", flat=True)
                 .first()

@@ -109,8 +109,9 @@ def _advance(event: WebhookEvent, *, was: str, now: datetime) -> uuid.UUID | Non
     reconcile.reconcile_run_if_stale(previous)
     if previous.status == RunStatus.QUEUED:
         return previous.run_id
-    if previous.status == RunStatus.RUNNING:
-        # Its worker is alive (the heartbeat is fresh): look again when this lease runs out.
+    if previous.status in (RunStatus.RUNNING, RunStatus.WAITING):
+        # Its worker is alive (the heartbeat is fresh), or it waits for a decision (the event waits
+        # with it): look again when this lease runs out.
         return None
     if previous.status == RunStatus.SUCCESS:
         update_event(event, status=EventStatus.DONE, last_error="", lease_expires_at=None, leased_by="", finished_at=now)

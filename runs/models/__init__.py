@@ -4,12 +4,14 @@ Tables and app label are those of the single module this package grew from, so s
 needed no migration.
 """
 
+from runs.models.approvals import Decision, PendingCall, WaitKind
 from runs.models.chat import Conversation
 from runs.models.effects import EffectStatus, ToolEffect
 from runs.models.inbox import EventStatus, SignatureScheme, WebhookEvent, WebhookSource
 from runs.models.ledger import (
     IN_FLIGHT,
     SETTLED,
+    UNSETTLED,
     AgentRun,
     EffectsChoice,
     Recovery,
@@ -28,6 +30,10 @@ from runs.models.tokens import ApiToken
 __all__ = [
     "IN_FLIGHT",
     "SETTLED",
+    "UNSETTLED",
+    "Decision",
+    "PendingCall",
+    "WaitKind",
     "AgentRun",
     "ApiToken",
     "Conversation",

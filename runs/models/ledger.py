@@ -13,6 +13,9 @@ from runs.models.effects import EffectStatus, ToolEffect
 class RunStatus(models.TextChoices):
     QUEUED = "queued", "queued"
     RUNNING = "running", "running"
+    # Left its worker until a person decides on a call or a long-running call answers
+    # (docs/architecture.md, "Approvals and tools that wait"): neither in flight nor settled.
+    WAITING = "waiting", "waiting"
     SUCCESS = "success", "success"
     ERROR = "error", "error"
     CANCELLED = "cancelled", "cancelled"
@@ -20,6 +23,8 @@ class RunStatus(models.TextChoices):
 
 IN_FLIGHT = (RunStatus.QUEUED, RunStatus.RUNNING)
 SETTLED = (RunStatus.SUCCESS, RunStatus.ERROR, RunStatus.CANCELLED)
+# Not over yet: in flight, or waiting for a decision (its session, input and inbox event stay its own).
+UNSETTLED = (*IN_FLIGHT, RunStatus.WAITING)
 
 
 class Trigger(models.TextChoices):
@@ -185,7 +190,7 @@ class AgentRun(models.Model):
             # whatever path started them.
             models.UniqueConstraint(
                 fields=["webhook_event"],
-                condition=models.Q(status__in=["queued", "running"]),
+                condition=models.Q(status__in=["queued", "running", "waiting"]),
                 name="run_one_in_flight_per_webhook_event",
             ),
         ]

@@ -28,7 +28,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from runs import reconcile, services
-from runs.models import IN_FLIGHT, AgentRun, FiringOutcome, RunSchedule, ScheduleFiring, ScheduleKind, Trigger
+from runs.models import UNSETTLED, AgentRun, FiringOutcome, RunSchedule, ScheduleFiring, ScheduleKind, Trigger
 from runs.schedules.timing import MAX_INTERVAL_MINUTES, check_cron, next_slot
 
 logger = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def _still_in_flight(run_id) -> AgentRun | None:
     if run_id is None:
         return None
     run = AgentRun.objects.filter(pk=run_id).first()
-    if run is None or run.status not in IN_FLIGHT:
+    if run is None or run.status not in UNSETTLED:
         return None
     # A previous run whose worker died must not block the schedule for ever.
     if reconcile.reconcile_run_if_stale(run):

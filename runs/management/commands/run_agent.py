@@ -90,4 +90,7 @@ def describe(run: AgentRun) -> str:
         lines.append(f"error: {run.error_code}: {run.error_message}")
     if run.result:
         lines.append(f"result: {run.result}")
+    for call in run.pending_calls.filter(decision="").order_by("asked_at"):
+        waits_for = "a person's approval" if call.kind == "confirmation" else "its result"
+        lines.append(f"waiting: {call.tool_name} {call.call_id} {call.args} for {waits_for}")
     return "\n".join(lines)

@@ -34,6 +34,16 @@ DEMO_RUNS = [
             {"fail": "error", "message": "The model service stopped answering mid-run."},
         ],
     ),
+    # Above the approval threshold: the run waits on the desk for a person's approval.
+    (
+        "Jane was charged twice for order A-1001.",
+        "alice",
+        [
+            {"call": "lookup_customer", "args": {"email": "jane@example.com"}},
+            {"call": "issue_refund", "args": {"order_id": "A-1001", "amount_cents": 25_000}},
+            {"say": "I refunded 250.00 for order A-1001."},
+        ],
+    ),
 ]
 
 
@@ -48,7 +58,8 @@ def ensure_demo_workflow() -> tuple[WorkflowDefinition, bool]:
 class Command(BaseCommand):
     help = (
         "Seed the demo by really running the scripted support agent: one run that succeeds, one "
-        "that fails before any tool, one that fails after send_email, and one run of the demo "
+        "that fails before any tool, one that fails after send_email, one that waits for a person to "
+        "approve a refund, and one run of the demo "
         "workflow (created if missing). Runs are seeded only into an empty ledger."
     )
 

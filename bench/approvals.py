@@ -1,0 +1,151 @@
+"""Waiting runs cost nothing while they wait, and the desk stays fast with them.
+
+Fills agentledger_bench_approvals with the desk benchmark's ledger (N runs over 30 days, see
+bench/desk_overview.py), measures the desk's first page (the peer: the same page on the same
+ledger before any run waits), then adds W waiting runs, each with its open PendingCall (written by
+INSERT … SELECT on the server), and parks --real runs for real: the scripted `support` agent asks
+for a refund's approval, in this process, through the executor. Then it measures:
+
+- what the waiting runs hold: the heartbeat's runs in this process and the connections open on the
+  database once the process has released its idle pool (compared with before the runs waited);
+- the desk page again (server time through Django's test client, median of --repeat; target
+  ≤ 300 ms), its "Approvals waiting" count, and the ratio against the page before.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres \\
+        .venv/bin/python bench/approvals.py --runs 1000000 --waiting 10000 [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from _benchdb import bench_database
+from _common import row, save_results
+from desk_overview import TARGET_MS, fill, timed_get
+
+os.environ.setdefault("ALLOWED_HOSTS", "testserver,127.0.0.1,localhost")
+
+WAITING_SQL = """
+INSERT INTO agent_runs (
+    run_id, trigger, agent_name, owner_id, config, input_file, input_file_name, input_file_sha256,
+    status, attempts, error_code, error_message, tools_executed, result, forced, force_reason,
+    session_id, conversation_id, created_at, started_at, heartbeat_at, finished_at, worker,
+    model_retries, trace_id, effects, agent_fingerprint
+)
+SELECT md5('w' || i::text)::uuid, 'api', 'support', 'customer-' || (i %% 5000),
+       '{"message": "refund", "params": {}}'::jsonb, '', '', '', 'waiting', 1, '', '', '["issue_refund"]'::jsonb,
+       '', false, '', md5('ws' || i::text), '', now() - (i * interval '1 minute'), now() - (i * interval '1 minute'),
+       NULL, NULL, 'worker-' || (i %% 4), '[]'::jsonb, '', 'reuse', ''
+FROM generate_series(1, %(w)s) AS i
+"""
+
+PENDING_SQL = """
+INSERT INTO pending_calls (run_id, kind, call_id, request_call_id, tool_name, agent_name, args, hint, payload_asked,
+                           asked_at, decision, note, by_system, payload)
+SELECT md5('w' || i::text)::uuid, 'confirmation', 'c-' || i, 'adk-' || i, 'issue_refund', 'support',
+       '{"order_id": "A-1", "amount_cents": 25000}'::jsonb, '', NULL, now() - (i * interval '1 minute'), '', '',
+       false, NULL
+FROM generate_series(1, %(w)s) AS i
+"""
+
+
+def connections_open() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+        return cursor.fetchone()[0]
+
+
+def park_real_runs(count: int) -> list:
+    from runs import executor, services
+
+    script = [{"call": "issue_refund", "args": {"order_id": "A-1001", "amount_cents": 25_000}}, {"say": "Refunded."}]
+    ids = []
+    for _ in range(count):
+        run = services.start_run(agent_name="support", message="Refund", owner_id="bench",
+                                 params={"script": script}, enqueue=False)
+        executor.execute(run.run_id)
+        ids.append(run.run_id)
+    return ids
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=1_000_000)
+    parser.add_argument("--waiting", type=int, default=10_000)
+    parser.add_argument("--real", type=int, default=20, help="runs parked for real through the executor")
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--keep", action="store_true")
+    args = parser.parse_args()
+    with bench_database("approvals", fresh=not args.keep, keep=args.keep):
+        from django.conf import settings
+        from django.contrib.auth.models import User
+        from django.db import connection
+        from django.test import Client
+
+        from agents.adk import release_process_resources
+        from agents.models import Customer
+        from runs import overview
+        from runs.heartbeat import process_heartbeat
+        from runs.models import AgentRun, RunStatus
+
+        settings.SCRIPTED_FAULTS_ENABLED = True
+        if "testserver" not in settings.ALLOWED_HOSTS:
+            settings.ALLOWED_HOSTS.append("testserver")
+        fill(args.runs)
+        Customer.objects.get_or_create(email="jane@example.com", defaults={"name": "Jane", "contact_id": "C-1001"})
+        user, _ = User.objects.get_or_create(username="bench-admin", defaults={"is_staff": True, "is_superuser": True})
+        client = Client()
+        client.force_login(user)
+        before_ms, before_queries, _ = timed_get(client, "/admin/desk/", args.repeat)
+
+        connections_before = connections_open()
+        with connection.cursor() as cursor:
+            cursor.execute(WAITING_SQL, {"w": args.waiting})
+            cursor.execute(PENDING_SQL, {"w": args.waiting})
+            cursor.execute("ANALYZE agent_runs")
+            cursor.execute("ANALYZE pending_calls")
+        parked = park_real_runs(args.real)
+        held = len(process_heartbeat().run_ids())
+        # The executor's process keeps its ADK pool (idle connections, whatever waits): release it.
+        # What stays open is this process's own (its ORM thread's), one whatever the number waiting.
+        release_process_resources()
+        connections_after = connections_open()
+        waiting = AgentRun.objects.filter(status=RunStatus.WAITING).count()
+        really_parked = AgentRun.objects.filter(pk__in=parked, status=RunStatus.WAITING).count()
+
+        after_ms, after_queries, page = timed_get(client, "/admin/desk/", args.repeat)
+        counted = overview.build_overview().approvals_waiting.count
+        ratio = after_ms / before_ms if before_ms else None
+        print(f"postgresql, {AgentRun.objects.count()} runs, {waiting} waiting ({really_parked} of {args.real} parked "
+              f"for real), median of {args.repeat} requests")
+        print(f"held while waiting: {held} heartbeat runs in this process; connections on the database "
+              f"{connections_before} before, {connections_after} after")
+        print(f"desk overview before  {before_ms:8.1f} ms  {before_queries:3} queries")
+        print(f"desk overview after   {after_ms:8.1f} ms  {after_queries:3} queries  (target ≤ {TARGET_MS} ms; "
+              f"×{ratio:.2f} the page before)")
+        print(f"Approvals waiting on the desk: {counted}; shown on the page: {b'Approvals waiting' in page}")
+        for label, query in (("count of open calls", lambda: overview.capped_count(overview.open_pending_calls())),
+                             ("oldest open call", overview.oldest_pending_call)):
+            started = time.perf_counter()
+            query()
+            print(f"  {label}: {(time.perf_counter() - started) * 1000:.1f} ms")
+        save_results(
+            "approvals",
+            [
+                row("heartbeat runs held by waiting runs", held, "runs", target="0"),
+                row("connections added by waiting runs", connections_after - connections_before, "connections"),
+                row("desk overview with waiting runs, server time", round(after_ms, 1), "ms",
+                    target=f"≤ {TARGET_MS}", peer="the same page before any run waited",
+                    peer_value=round(before_ms, 1), ratio=round(ratio, 2) if ratio else None),
+                row("desk overview, queries", after_queries, "queries"),
+            ],
+            runs=args.runs, waiting=waiting, repeat=args.repeat,
+        )
+
+
+if __name__ == "__main__":
+    main()
