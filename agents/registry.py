@@ -140,10 +140,15 @@ def refuse_nothing_to_play(spec: AgentSpec, params: dict) -> None:
     root = spec.tree
     if root is None or (scripts.get(root.name) if root.is_llm else any(scripts.values())):
         return
+    if spec.default_script or spec.default_scripts:
+        # The package has the demo's script, but this deployment does not play demos.
+        default = "its DEFAULT_SCRIPT is played only with SCRIPTED_DEFAULT_SCRIPTS=true (off without DEBUG)"
+    else:
+        default = "add DEFAULT_SCRIPT to the package"
     raise ScriptError(
         f"The agent {spec.name!r} has no script to play: the offline scripted model (AGENT_MODEL=scripted) "
-        f"plays one per run. Give params.script (or params.scripts by agent name), add DEFAULT_SCRIPT to "
-        f"the package, or set GOOGLE_API_KEY to run its own model."
+        f"plays one per run. Give params.script (or params.scripts by agent name), {default}, or set "
+        f"GOOGLE_API_KEY to run its own model."
     )
 
 

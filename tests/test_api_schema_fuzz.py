@@ -34,6 +34,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from rest_framework.authtoken.models import Token
 from schemathesis.checks import CHECKS, load_all_checks
+from schemathesis.config._checks import POSITIVE_DATA_ACCEPTANCE_EXPECTED_STATUSES, PositiveDataAcceptanceConfig
 
 from agents import services as agent_services
 from agents.demo import DEMO_WORKFLOW
@@ -180,6 +181,11 @@ def api_schema(wsgi_app, superuser_token, seeded):
     )
     # The API refuses NUL in any text it reads, at the parser (config/lib/safe_json.py).
     loaded.config.generation.update(allow_x00=False)
+    # A valid request about a run may be refused by the run's state: 409 (it is in flight, it succeeded…)
+    # and 410 (its input copy or its session events are gone), both documented on those operations.
+    loaded.config.checks.positive_data_acceptance = PositiveDataAcceptanceConfig(
+        expected_statuses=[*POSITIVE_DATA_ACCEPTANCE_EXPECTED_STATUSES, "410"]
+    )
     return loaded
 
 

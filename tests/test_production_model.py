@@ -7,9 +7,10 @@ import subprocess
 import sys
 
 import pytest
+from django.core.exceptions import ValidationError
 
 from agents.models import OutboxEmail
-from runs.models import RunStatus
+from runs.models import AgentRun
 from tests.helpers import BASE_DIR, child_env, run_now
 
 PRINT = "from django.conf import settings; print(settings.AGENT_MODEL, settings.SCRIPTED_DEFAULT_SCRIPTS)"
@@ -45,9 +46,10 @@ def test_under_debug_the_demo_plays_as_before():
 
 # The run executes on ADK's own engine, which must see the run row committed.
 @pytest.mark.django_db(transaction=True)
-def test_a_run_without_a_script_calls_no_tool_when_default_scripts_are_off(settings):
+def test_a_run_without_a_script_is_refused_when_default_scripts_are_off(settings):
     settings.SCRIPTED_DEFAULT_SCRIPTS = False
-    run = run_now(message="Jane asks about her refund.")
-    assert run.status == RunStatus.SUCCESS, (run.error_code, run.error_message)
-    assert run.tools_executed == []
+    with pytest.raises(ValidationError) as refused:
+        run_now(message="Jane asks about her refund.")
+    assert "SCRIPTED_DEFAULT_SCRIPTS=true" in str(refused.value)
+    assert not AgentRun.objects.exists()
     assert not OutboxEmail.objects.exists()

@@ -23,7 +23,7 @@ from config.lib.user_params import SCRIPT_KEYS, scripts_refusal
 from runs import approvals, resume
 from runs import replay as rules
 from runs.effects import MAX_NOTE_CHARS
-from runs.models import AgentRun, Decision, EffectsChoice, PendingCall, RunStep, SettledOutcome, ToolCall
+from runs.models import AgentRun, Decision, EffectsChoice, PendingCall, Recovery, RunStep, SettledOutcome, ToolCall
 from runs.models.approvals import PERSON_DECISIONS
 from runs.public_text import public_error_message, public_step_error
 from runs.refusals import REPLAY_REFUSAL_ORDER, RESUME_REFUSAL_ORDER
@@ -219,6 +219,12 @@ class RunSerializer(serializers.ModelSerializer):
     worker = serializers.SerializerMethodField(
         help_text="The worker process that holds or held the run: shown to holders of runs.view_agentrun only."
     )
+    # Empty for a run that never died (or whose death the system has not looked at yet).
+    recovery = serializers.ChoiceField(
+        choices=[("", "nothing to recover"), *Recovery.choices], read_only=True,
+        help_text="What the system did with a run that died: continued it by itself, will, or left it for a "
+        "person (`recovery_detail` says why); empty when there was nothing to recover.",
+    )
 
     class Meta:
         model = AgentRun
@@ -373,8 +379,10 @@ class DecisionSerializer(StrictSerializer):
 
 
 class CallResultSerializer(StrictSerializer):
-    result = serializers.JSONField(help_text="The long-running call's answer: the function response the model sees "
-                                             "(an object; anything else is sent as {\"result\": …}).")
+    # Any JSON value, null included (a tool may answer nothing): the schema cannot say "not null" for it.
+    result = serializers.JSONField(allow_null=True,
+                                   help_text="The long-running call's answer: the function response the model sees "
+                                             "(an object; anything else, null included, is sent as {\"result\": …}).")
     note = StrictCharField(required=False, allow_blank=True, max_length=approvals.NOTE_MAX_CHARS,
                            trim_whitespace=False)
 
