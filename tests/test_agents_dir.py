@@ -61,7 +61,7 @@ def test_the_bundled_agents_are_ordinary_packages_loaded_by_adks_loader(settings
     assert support.path.endswith("agents/bundled/support")
     assert [(t.name, t.source) for t in support.tools] == [
         ("lookup_customer", "function"), ("send_email", "function"), ("update_crm", "function"),
-        ("preload_memory", "builtin"),
+        ("issue_refund", "function"), ("request_return_label", "function"), ("preload_memory", "builtin"),
     ]
     assert support.default_script[-1]["say"].startswith("I looked Jane up")
     # The package itself is what `adk web` would load: a plain LlmAgent with its declared model.

@@ -179,7 +179,9 @@ def test_the_support_agents_requests_carry_its_instruction_tools_and_signatures(
         assert request.headers["x-goog-api-key"] == "fake-key"
         assert "You are a customer support agent" in request.system_instruction
         # preload_memory is never declared to the model: it only adds context.
-        assert sorted(request.function_names) == ["lookup_customer", "send_email", "update_crm"]
+        assert sorted(request.function_names) == [
+                "issue_refund", "lookup_customer", "request_return_label", "send_email", "update_crm",
+            ]
         assert request.contents[0] == {"role": "user", "parts": [{"text": "Jane asks about her refund."}]}
         # Each earlier call goes back with the thought signature Gemini gave it, byte for byte.
         sent_back = [p for c in request.contents for p in c["parts"] if "functionCall" in p]
