@@ -46,7 +46,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from agents.models import OutboxEmail
-from runs import effects, reconcile, recovery, replay, resume, services
+from runs import effects, reconcile, recovery, replay, services
 from runs.models import AgentRun, EffectStatus, RunStatus, ToolEffect
 from runs.tasks import execute_run
 from tests.helpers import EMAIL_ARGS, SAY_DONE, package_source, postgres_only, run_python
@@ -291,7 +291,7 @@ def test_with_recovery_each_point_ends_with_one_email(point, admin_user, setting
         if call is not None:
             effects.settle_call(run_id=end.run_id, call_id=call.call_id, actor=admin_user,
                                 outcome="done" if emails else "not_done", note=f"The outbox shows {emails} email(s).")
-        continued = resume.resume_run(end.run_id, actor=admin_user)
+        continued = services.resume_run(end.run_id, actor=admin_user)
         execute_run(str(continued.run_id))
     took = time.monotonic() - killed
     chain = _chain(run)

@@ -22,7 +22,7 @@ from rest_framework.test import APIClient
 
 from agents.models import CrmNote, OutboxEmail
 from agents.retrying import ANSWERS
-from runs import reconcile, resume
+from runs import reconcile, services
 from runs.models import AgentRun, RunStatus
 from runs.tasks import execute_run
 from tests import fake_gemini as fg
@@ -280,7 +280,6 @@ _CHILD = textwrap.dedent(
 
 @postgres_only
 def test_a_worker_killed_during_a_model_call_resumes_without_repeating_the_email(gemini, admin_user, settings):
-    from runs import services
 
     # The second model call hangs at the provider: the worker is killed while waiting for it.
     gemini.add(fg.call("send_email", EMAIL, thought_signature=fg.signature("email")), {"fault": "hang"})
@@ -309,7 +308,7 @@ def test_a_worker_killed_during_a_model_call_resumes_without_repeating_the_email
 
     gemini.requests.clear()
     gemini.add(fg.call("update_crm", CRM), fg.text("Emailed Jane and noted it."))
-    again = resume.resume_run(run.run_id, actor=admin_user)
+    again = services.resume_run(run.run_id, actor=admin_user)
     execute_run(str(again.run_id))
     again.refresh_from_db()
 
