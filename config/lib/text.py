@@ -20,7 +20,8 @@ def hidden_character(text: str) -> str | None:
         if char in ALLOWED_CONTROLS:
             continue
         category = unicodedata.category(char)
-        if category in {"Cc", "Cf", "Cs", "Co", "Cn"}:
+        # Private-use and not-yet-assigned characters show as a glyph or a box: seen, not hidden.
+        if category in {"Cc", "Cf", "Cs"}:
             kind = "a control character" if category == "Cc" else "an invisible formatting character"
             name = unicodedata.name(char, "")
             return f"{kind} U+{ord(char):04X}{f' ({name})' if name else ''} at position {position}"
