@@ -56,6 +56,9 @@ bench bench-smoke: export DATABASE_URL = $(BENCH_DATABASE_URL)
 # The benchmarks drive one user hard on purpose: no request rates or in-flight caps apply there.
 bench bench-smoke: export SECRET_KEY ?= bench-only-not-a-secret-0000000000000000000000000000
 bench bench-smoke: export SCRIPTED_FAULTS_ENABLED ?= true
+# The benchmarks play the demo's scripts offline, on purpose, without DEBUG.
+bench bench-smoke: export AGENT_MODEL ?= scripted
+bench bench-smoke: export SCRIPTED_DEFAULT_SCRIPTS ?= true
 bench bench-smoke: export SCRIPTS_FROM_USERS_ALLOWED ?= true
 bench bench-smoke: export THROTTLE_RUNS_START ?= off
 bench bench-smoke: export THROTTLE_REPLAYS ?= off
