@@ -184,15 +184,23 @@ def _reconcile_chunk(
             # The conditional UPDATE, one row at a time (cheaper than bulk_update's CASE
             # expressions, and it tells which rows landed). The lock already excludes other
             # reconcilers; the condition keeps the write honest where rows are not locked.
-            updated = AgentRun.objects.filter(stale_q(cutoffs), pk=run.pk).update(
-                status=run.status,
-                error_code=run.error_code,
-                error_message=run.error_message,
-                tools_executed=run.tools_executed,
-                finished_at=run.finished_at,
-            )
-            if updated:
+            if _write_reconciled(run, stale_q(cutoffs)):
                 landed.append(run)
+    return _reported(landed)
+
+
+def _write_reconciled(run: AgentRun, condition: Q) -> bool:
+    """Write `run`'s verdict if `condition` still holds for its row; whether it landed."""
+    return bool(AgentRun.objects.filter(condition, pk=run.pk).update(
+        status=run.status,
+        error_code=run.error_code,
+        error_message=run.error_message,
+        tools_executed=run.tools_executed,
+        finished_at=run.finished_at,
+    ))
+
+
+def _reported(landed: list[AgentRun]) -> list[AgentRun]:
     for run in landed:
         logger.warning("Run %s reconciled: %s", run.run_id, run.error_message)
     RECONCILIATIONS.inc(len(landed))
@@ -239,19 +247,9 @@ def reconcile_dead_worker(*, worker: str, now: datetime | None = None) -> list[A
             run.error_message = dead_worker_message(run, worker=worker)
             run.tools_executed = _tools_executed(run, isolated=True)
             run.finished_at = now
-            updated = AgentRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING, lease=run.lease).update(
-                status=run.status,
-                error_code=run.error_code,
-                error_message=run.error_message,
-                tools_executed=run.tools_executed,
-                finished_at=run.finished_at,
-            )
-            if updated:
+            if _write_reconciled(run, Q(status=RunStatus.RUNNING, lease=run.lease)):
                 landed.append(run)
-    for run in landed:
-        logger.warning("Run %s reconciled: %s", run.run_id, run.error_message)
-    RECONCILIATIONS.inc(len(landed))
-    return landed
+    return _reported(landed)
 
 
 @dataclass
