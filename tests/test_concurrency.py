@@ -240,6 +240,15 @@ def _kill_cluster(cluster: subprocess.Popen) -> None:
     cluster.wait(timeout=30)
 
 
+def _other_backends() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+        )
+        return cursor.fetchone()[0]
+
+
 @pytest.fixture
 def clusters():
     started: list[subprocess.Popen] = []
@@ -264,6 +273,9 @@ def test_a_worker_killed_with_50_runs_in_flight_settles_every_run_once_in_one_sw
 
     _kill_cluster(cluster)
     assert _statuses(runs) == {RunStatus.RUNNING: 50}
+    # A killed client's server backend lives on until it reads the closed socket, holding the row
+    # it was heartbeating; a sweep that met it would rightly skip that row until the next sweep.
+    wait_until(lambda: _other_backends() == 0, timeout=30, what="the killed worker's connections to close")
 
     # Their one heartbeat stopped for all of them at once: one sweep, past the stale window.
     report = reconcile.sweep(now=timezone.now() + timedelta(seconds=settings.RUN_STALE_AFTER_SECONDS + 1))
