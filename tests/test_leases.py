@@ -30,7 +30,7 @@ from runs.counters import LEASE_REFUSALS
 from runs.heartbeat import ProcessHeartbeat
 from runs.models import AgentRun, RunStatus, RunStep, ToolCall, ToolEffect
 from tests.factories import make_run
-from tests.helpers import BASE_DIR, child_env, postgres_only
+from tests.helpers import BASE_DIR, child_env, postgres_only, wait_until
 
 # ADK's engine writes the events on a connection of its own: the run row must be committed.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -229,16 +229,6 @@ root_agent = LlmAgent(name="team", model="gemini-2.5-flash", description="The te
 """
 
 
-def _wait_for(predicate, *, seconds: float, what: str):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.1)
-    pytest.fail(f"timed out waiting for {what}")
-
-
 def _worker(env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "manage.py", "qcluster"], cwd=BASE_DIR, env=env,
@@ -248,8 +238,8 @@ def _worker(env: dict[str, str]) -> subprocess.Popen:
 
 def _worker_pid() -> int:
     """The cluster's worker process: the one that claimed the run (its pid is in `worker`)."""
-    run = _wait_for(lambda: AgentRun.objects.filter(status=RunStatus.RUNNING).first(), seconds=60,
-                    what="the worker to claim the run")
+    run = wait_until(lambda: AgentRun.objects.filter(status=RunStatus.RUNNING).first(), timeout=60,
+                     what="the worker to claim the run")
     return int(run.worker.rsplit(":", 1)[1])
 
 
@@ -275,8 +265,8 @@ def test_a_paused_worker_woken_after_its_run_was_done_again_does_nothing_more(to
         run = services.start_run(agent_name="team", message="Tell #ops the deploy is done.", owner_id="ops",
                                  params={"script": script})
         worker_pid = _worker_pid()
-        _wait_for(lambda: ToolCall.objects.filter(run=run, tool_name="peek", status="answered").exists(),
-                  seconds=60, what="the read-only call to be answered")
+        wait_until(lambda: ToolCall.objects.filter(run=run, tool_name="peek", status="answered").exists(),
+                   timeout=60, what="the read-only call to be answered")
         os.kill(worker_pid, signal.SIGSTOP)
         try:
             # Past the stale window, as far as the rest of the world can tell the worker is dead.
@@ -309,8 +299,8 @@ def test_a_paused_worker_woken_after_its_run_was_done_again_does_nothing_more(to
         # And it goes on serving.
         after = services.start_run(agent_name="team", message="Peek.", owner_id="ops",
                                    params={"script": [{"call": "peek", "args": {"topic": "x"}}, {"say": "ok"}]})
-        _wait_for(lambda: AgentRun.objects.filter(pk=after.pk, status=RunStatus.SUCCESS).exists(), seconds=60,
-                  what="the woken worker to run the next run")
+        wait_until(lambda: AgentRun.objects.filter(pk=after.pk, status=RunStatus.SUCCESS).exists(), timeout=60,
+                   what="the woken worker to run the next run")
     finally:
         try:
             os.killpg(cluster.pid, signal.SIGKILL)

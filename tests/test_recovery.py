@@ -25,7 +25,7 @@ from agents.models import CrmNote, OutboxEmail
 from runs import executor, outcomes, reconcile, recovery, services
 from runs.models import AgentRun, Recovery, RunStatus
 from tests.factories import make_run
-from tests.helpers import BASE_DIR, SEND_EMAIL, UPDATE_CRM, child_env, postgres_only, run_now, script_params
+from tests.helpers import BASE_DIR, SEND_EMAIL, UPDATE_CRM, child_env, postgres_only, run_now, script_params, wait_until
 
 # The continuation runs through ADK's engine, another connection: its commits must be seen.
 db = pytest.mark.django_db(transaction=True)
@@ -172,16 +172,6 @@ def _stop(cluster: subprocess.Popen) -> None:
     connection.close()
 
 
-def _wait_for(predicate, *, seconds: float, what: str):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.1)
-    pytest.fail(f"timed out waiting for {what}")
-
-
 def _chain_end(run: AgentRun) -> AgentRun:
     current = AgentRun.objects.get(pk=run.pk)
     while True:
@@ -208,13 +198,13 @@ def test_a_worker_sigkilled_between_two_tools_is_noticed_by_its_cluster_and_fini
         script = [SEND_EMAIL, dict(UPDATE_CRM, latency=3), {"say": "Emailed Jane and noted it."}]
         run = services.start_run(agent_name="support", message="Email Jane.", owner_id="jane",
                                  params=script_params(*script))
-        _wait_for(lambda: run.tool_calls.filter(tool_name="send_email", status="answered").exists(), seconds=90,
-                  what="the email to be sent")
+        wait_until(lambda: run.tool_calls.filter(tool_name="send_email", status="answered").exists(), timeout=90,
+                   what="the email to be sent")
         pid = int(AgentRun.objects.get(pk=run.pk).worker.rsplit(":", 1)[1])
         os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
-        end = _wait_for(lambda: (e := _chain_end(run)).status == RunStatus.SUCCESS and e, seconds=60,
-                        what="the run to finish by itself")
+        end = wait_until(lambda: (e := _chain_end(run)).status == RunStatus.SUCCESS and e, timeout=60,
+                         what="the run to finish by itself")
         took = time.monotonic() - killed
         run.refresh_from_db()
         assert (run.status, run.error_code, run.recovery) == (RunStatus.ERROR, "reconciled", Recovery.RECOVERED)
@@ -259,7 +249,7 @@ def test_chaos_random_kills_leave_every_run_finished_or_waiting_with_a_call_in_d
             ends = [_chain_end(run) for run in runs]
             return all(end.status in (RunStatus.SUCCESS, RunStatus.ERROR, RunStatus.CANCELLED) for end in ends)
 
-        _wait_for(settled, seconds=180, what="every run to settle")
+        wait_until(settled, timeout=180, what="every run to settle")
     finally:
         _stop(cluster)
     for run in runs:
