@@ -97,16 +97,18 @@ bench-smoke: $(VENV)/.bench-installed
 	$(PY) bench/overhead.py --runs 3 --warmup 1 --block 1 --accounting-runs 2 --events 5
 	$(PY) bench/dbos_peer.py --units 3 --warmup 1 --block 1
 	$(PY) bench/replay_load.py --runs 20 --clients 2 --seconds 2 --workers 1
-	$(PY) bench/reconcile_sweep.py --runs 3500
+	$(PY) bench/reconcile_sweep.py --runs 3000 --stale 100 --sweeps 1
 	$(PY) bench/purge_events.py --events 10000
 	$(PY) bench/memory_search.py --rows 2000 --owners 20 --queries 30 --vocabulary 200 --heavy 200
 	$(PY) bench/admin_changelist.py --runs 1000 --repeat 1
 	$(PY) bench/desk_overview.py --runs 1000 --repeat 1
+	$(PY) bench/approvals.py --runs 1000 --waiting 20 --real 2 --repeat 1
 	$(PY) bench/diet_request_size.py
 	$(PY) bench/chat_ttfe.py --turns 2 --warmup 1
 	$(PY) bench/workflow_steps.py --runs 2 --warmup 1 --block 1
 	$(PY) bench/webhook_throughput.py --events 5
 	$(PY) bench/concurrency.py --runs 10 --latency 0.1 --serial-runs 2 --warmup 1
+	$(PY) bench/recovery.py --kills 1 --lost-machine 1 --events 5
 	$(PY) bench/report.py --results $(BENCH_SMOKE_RESULTS)
 	$(PY) bench/_benchdb.py drop-template
 

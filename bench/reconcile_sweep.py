@@ -27,32 +27,34 @@ STALE = 1_000
 LIVE = 2_000
 QUEUED = 500
 
-EXPLICIT = {
-    "run_id": "gen_random_uuid()",
-    "trigger": "'api'",
-    "agent_name": "'support'",
-    "owner_id": "'owner-' || mod(g, 5000)",
-    "config": """'{"message": "Refund Jane", "params": {}}'::jsonb""",
-    "session_id": "gen_random_uuid()::text",
-    "attempts": f"CASE WHEN g > {STALE + LIVE} AND g <= {STALE + LIVE + QUEUED} THEN 0 ELSE 1 END",
-    "status": f"""CASE WHEN g <= {STALE} THEN 'running'
-                        WHEN g <= {STALE + LIVE} THEN 'running'
-                        WHEN g <= {STALE + LIVE + QUEUED} THEN 'queued'
-                        WHEN mod(g, 10) = 0 THEN 'error' ELSE 'success' END""",
-    "created_at": f"""CASE WHEN g <= {STALE + LIVE} THEN now() - interval '15 minutes'
-                            WHEN g <= {STALE + LIVE + QUEUED} THEN now() - interval '1 minute'
-                            ELSE now() - (g * interval '15 seconds') END""",
-    "started_at": f"CASE WHEN g > {STALE + LIVE} AND g <= {STALE + LIVE + QUEUED} THEN NULL "
-                  "ELSE now() - (g * interval '15 seconds') END",
-    "heartbeat_at": f"""CASE WHEN g <= {STALE} THEN now() - interval '10 minutes' - (g * interval '1 second')
-                              WHEN g <= {STALE + LIVE} THEN now() - (mod(g, 20) * interval '1 second')
-                              WHEN g <= {STALE + LIVE + QUEUED} THEN NULL
-                              ELSE now() - (g * interval '15 seconds') + interval '30 seconds' END""",
-    "finished_at": f"CASE WHEN g > {STALE + LIVE + QUEUED} THEN now() - (g * interval '15 seconds') "
-                   "+ interval '40 seconds' END",
-    "tools_executed": f"""CASE WHEN g > {STALE + LIVE + QUEUED} THEN '["send_email"]'::jsonb END""",
-    "worker": "'bench-host:' || mod(g, 8)",
-}
+def explicit() -> dict[str, str]:
+    # Built when called: --stale sets STALE first.
+    return {
+        "run_id": "gen_random_uuid()",
+        "trigger": "'api'",
+        "agent_name": "'support'",
+        "owner_id": "'owner-' || mod(g, 5000)",
+        "config": """'{"message": "Refund Jane", "params": {}}'::jsonb""",
+        "session_id": "gen_random_uuid()::text",
+        "attempts": f"CASE WHEN g > {STALE + LIVE} AND g <= {STALE + LIVE + QUEUED} THEN 0 ELSE 1 END",
+        "status": f"""CASE WHEN g <= {STALE} THEN 'running'
+                            WHEN g <= {STALE + LIVE} THEN 'running'
+                            WHEN g <= {STALE + LIVE + QUEUED} THEN 'queued'
+                            WHEN mod(g, 10) = 0 THEN 'error' ELSE 'success' END""",
+        "created_at": f"""CASE WHEN g <= {STALE + LIVE} THEN now() - interval '15 minutes'
+                                WHEN g <= {STALE + LIVE + QUEUED} THEN now() - interval '1 minute'
+                                ELSE now() - (g * interval '15 seconds') END""",
+        "started_at": f"CASE WHEN g > {STALE + LIVE} AND g <= {STALE + LIVE + QUEUED} THEN NULL "
+                      "ELSE now() - (g * interval '15 seconds') END",
+        "heartbeat_at": f"""CASE WHEN g <= {STALE} THEN now() - interval '10 minutes' - (g * interval '1 second')
+                                  WHEN g <= {STALE + LIVE} THEN now() - (mod(g, 20) * interval '1 second')
+                                  WHEN g <= {STALE + LIVE + QUEUED} THEN NULL
+                                  ELSE now() - (g * interval '15 seconds') + interval '30 seconds' END""",
+        "finished_at": f"CASE WHEN g > {STALE + LIVE + QUEUED} THEN now() - (g * interval '15 seconds') "
+                       "+ interval '40 seconds' END",
+        "tools_executed": f"""CASE WHEN g > {STALE + LIVE + QUEUED} THEN '["send_email"]'::jsonb END""",
+        "worker": "'bench-host:' || mod(g, 8)",
+    }
 
 
 def load_runs() -> None:
@@ -61,6 +63,7 @@ def load_runs() -> None:
     from runs.models import AgentRun
 
     columns, expressions, params = [], [], []
+    EXPLICIT = explicit()
     for field in AgentRun._meta.concrete_fields:
         columns.append(field.column)
         if field.column in EXPLICIT:
@@ -101,10 +104,14 @@ def candidate_scan_seconds(repeats: int = 15) -> float:
 
 
 def main() -> None:
-    global TOTAL
+    global TOTAL, STALE
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=TOTAL, help=f"runs in the table (at least {STALE + LIVE + QUEUED:,})")
-    TOTAL = max(parser.parse_args().runs, STALE + LIVE + QUEUED)
+    parser.add_argument("--runs", type=int, default=TOTAL, help=f"runs in the table (at least stale + {LIVE + QUEUED:,})")
+    parser.add_argument("--stale", type=int, default=STALE, help="stale running runs each sweep reconciles")
+    parser.add_argument("--sweeps", type=int, default=3, help="sweeps over the stale runs (the median is reported)")
+    args = parser.parse_args()
+    STALE = args.stale
+    TOTAL = max(args.runs, STALE + LIVE + QUEUED)
     with bench_database("reconcile"):
         from django.db import connection
         from django.utils import timezone
@@ -125,14 +132,14 @@ def main() -> None:
 
         print("\nsweeps:")
         rounds = []
-        for attempt in range(3):
+        for attempt in range(args.sweeps):
             AgentRun.objects.filter(pk__in=live_ids).update(heartbeat_at=timezone.now())
             started = time.perf_counter()
             landed = reconcile.reconcile_stale_runs()
             rounds.append(time.perf_counter() - started)
             assert len(landed) == STALE, len(landed)
             print(f"  sweep {attempt + 1}: reconciled {len(landed):,} of {TOTAL:,} runs in {rounds[-1]:.3f} s")
-            if attempt < 2:  # make the same runs stale again for the next round
+            if attempt < args.sweeps - 1:  # make the same runs stale again for the next round
                 AgentRun.objects.filter(error_code="reconciled").update(
                     status=RunStatus.RUNNING, error_code="", error_message="", tools_executed=None, finished_at=None
                 )

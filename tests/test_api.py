@@ -26,8 +26,10 @@ from tests.factories import (
 )
 from tests.helpers import SAY_DONE, SEND_EMAIL, UPDATE_CRM, api_as, run_now, script_params
 
-# Runs the API starts are executed on the agent loop, whose ORM thread and ADK's engine read the test's commits.
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_worker")]
+# No worker runs here: the API's own reads and writes stay in the test's transaction. The tests that
+# execute a run mark themselves `committed` (the agent loop's ORM thread and ADK's engine read commits).
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_worker")]
+committed = pytest.mark.django_db(transaction=True)
 
 
 
@@ -269,6 +271,7 @@ def test_cursor_pagination_walks_every_run_once(as_alice, alice):
     assert_error(as_alice.get("/api/runs/?cursor=bogus"), 400, "invalid_cursor")
 
 
+@committed
 def test_detail_has_tool_calls_replays_and_the_current_decision(as_alice, alice):
     original = run_now(params=script_params(SEND_EMAIL, UPDATE_CRM, {"fail": "error", "message": "lost"}),
                        created_by=alice)
@@ -444,6 +447,7 @@ def test_cancel_through_the_api(as_alice, alice):
     assert_error(as_alice.post(f"/api/runs/{run.run_id}/cancel/", {"now": True}, format="json"), 400, "invalid")
 
 
+@committed
 def test_events_tell_what_happened(as_alice, alice):
     import io
 
