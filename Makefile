@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 
-.PHONY: run test test-fast check install migrate clean bench bench-smoke bench-crash
+.PHONY: run test test-fast check install migrate clean bench bench-smoke bench-crash fuzz-live
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,14 @@ check: install
 	$(VENV)/bin/ruff check .
 	$(PY) manage.py makemigrations --check --dry-run
 	$(VENV)/bin/lint-imports
+
+# schemathesis, every check, against a live production-like server (uvicorn, DEBUG off, the
+# offline model) on PostgreSQL, as a plain user and as a superuser; a few minutes at most.
+FUZZ_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/agentledger_fuzz
+fuzz-live: install
+	psql "$(patsubst %/,%,$(dir $(FUZZ_DATABASE_URL)))/postgres" -tAc "SELECT 1 FROM pg_database WHERE datname = '$(notdir $(FUZZ_DATABASE_URL))'" | grep -q 1 \
+		|| createdb -d "$(patsubst %/,%,$(dir $(FUZZ_DATABASE_URL)))/postgres" "$(notdir $(FUZZ_DATABASE_URL))"
+	.ci/schemathesis-live $(FUZZ_DATABASE_URL)
 
 # Benchmarks: PostgreSQL only. Each script makes (and drops) its own agentledger_bench_* database
 # on the server BENCH_DATABASE_URL points at, writes bench/results/<name>.json, and report.py

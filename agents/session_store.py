@@ -7,7 +7,9 @@ and any other ADK tool can share the database), but fewer statements on the path
   this copy was loaded at>`, instead of `SELECT … FOR UPDATE` and comparing in Python. The
   winner holds the row lock until its commit; a concurrent writer of the same revision then
   matches no row and gets `StaleSessionError`, exactly as with the locking read. App and user
-  state rows are written only when the event carries a delta for them. On PostgreSQL the
+  state rows are written only when the event carries a delta for them; the claim also requires
+  both rows to exist, and an append that finds one missing raises the stock service's
+  `ValueError` ("App state missing …") and writes nothing, instead of making the row again. On PostgreSQL the
   UPDATE and the event's INSERT are one statement (`WITH claimed AS (UPDATE … RETURNING)
   INSERT … SELECT … FROM claimed RETURNING`: no claimed row, no event row) and a COMMIT. On
   SQLite, which has no data-modifying CTE, they are two statements, and a session-state delta
@@ -89,13 +91,23 @@ _THIS_SESSION = and_(
     _SESSIONS.c.user_id == bindparam("k_user"),
     _SESSIONS.c.id == bindparam("k_session"),
 )
-_CLAIM = update(_SESSIONS).where(_THIS_SESSION, _SESSIONS.c.update_time == bindparam("k_expected"))
+_APP_STATE_PRESENT = exists().where(_APP_STATES.c.app_name == bindparam("k_app"))
+_USER_STATE_PRESENT = exists().where(
+    _USER_STATES.c.app_name == bindparam("k_app"), _USER_STATES.c.user_id == bindparam("k_user")
+)
+# The stock service refuses an append whose app or user state row is missing (create_session
+# makes both), so the claim matches no row then: nothing is written, and the lost race says why.
+_CLAIM = update(_SESSIONS).where(
+    _THIS_SESSION, _SESSIONS.c.update_time == bindparam("k_expected"), _APP_STATE_PRESENT, _USER_STATE_PRESENT
+)
 _CLAIM = _CLAIM.values(update_time=bindparam("k_revision"))
 # jsonb || is a shallow merge, exactly dict.update.
 _CLAIM_AND_MERGE = _CLAIM.values(state=_SESSIONS.c.state.op("||")(bindparam("k_delta", type_=postgresql.JSONB)))
 _CLAIM_RETURNING_STATE = _CLAIM.returning(_SESSIONS.c.state)
 _SET_SESSION_STATE = update(_SESSIONS).where(_THIS_SESSION).values(state=bindparam("k_state"))
 _SESSION_EXISTS = select(exists().where(_THIS_SESSION))
+_APP_STATE_EXISTS = select(_APP_STATE_PRESENT)
+_USER_STATE_EXISTS = select(_USER_STATE_PRESENT)
 _EVENT_EXISTS = select(
     exists().where(
         _EVENTS.c.id == bindparam("k_event"),
@@ -220,6 +232,19 @@ _READ_EVENTS = (
     .order_by(_EVENTS.c.timestamp.desc(), _EVENTS.c.id.desc())
 )
 _READ_EVENTS_AFTER = _READ_EVENTS.where(_EVENTS.c.timestamp >= bindparam("k_after"))
+
+
+def _state_missing(session: Session, scope: str) -> ValueError:
+    """What the stock service raises when an append finds no app or user state row, word for word."""
+    if scope == "app":
+        return ValueError(
+            f"App state missing for app_name={session.app_name!r}. Session state tables should be "
+            "initialized by create_session."
+        )
+    return ValueError(
+        f"User state missing for app_name={session.app_name!r}, user_id={session.user_id!r}. "
+        "Session state tables should be initialized by create_session."
+    )
 
 
 def _is_disconnect(exc: BaseException) -> bool:
@@ -394,11 +419,16 @@ class SessionStore(DatabaseSessionService):
                     return True
 
                 _insert_event_row(conn, row, insert=insert)
+            # The claim saw both state rows; one deleted since is refused as the stock service
+            # would, never made again.
             if deltas["app"]:
-                self._merge_state_row(conn, _APP_STATES, {"app_name": session.app_name}, deltas["app"], revision)
+                app_keys = {"app_name": session.app_name}
+                if self._merge_state_row(conn, _APP_STATES, app_keys, deltas["app"], revision, create=False) is None:
+                    raise _state_missing(session, "app")
             if deltas["user"]:
                 keys = {"app_name": session.app_name, "user_id": session.user_id}
-                self._merge_state_row(conn, _USER_STATES, keys, deltas["user"], revision)
+                if self._merge_state_row(conn, _USER_STATES, keys, deltas["user"], revision, create=False) is None:
+                    raise _state_missing(session, "user")
 
     @staticmethod
     def _raise_lost_race(
@@ -415,6 +445,10 @@ class SessionStore(DatabaseSessionService):
             raise fenced.fence.refused(event)
         if not conn.execute(_SESSION_EXISTS, _key(session)).scalar():
             raise SessionNotFoundError(f"Session {session.id} not found.")
+        if not conn.execute(_APP_STATE_EXISTS, _key(session)).scalar():
+            raise _state_missing(session, "app")
+        if not conn.execute(_USER_STATE_EXISTS, _key(session)).scalar():
+            raise _state_missing(session, "user")
         raise StaleSessionError(_STALE_SESSION_ERROR_MESSAGE)
 
     @staticmethod
@@ -422,29 +456,51 @@ class SessionStore(DatabaseSessionService):
         return bool(conn.execute(_EVENT_EXISTS, {**_key(session), "k_event": event.id}).scalar())
 
     def _merge_state_row(
-        self, conn: Connection, table: Table, keys: dict[str, str], delta: dict[str, Any], when: datetime
-    ) -> dict[str, Any]:
-        """Merge `delta` into an app or user state row (created if missing); the merged state."""
+        self,
+        conn: Connection,
+        table: Table,
+        keys: dict[str, str],
+        delta: dict[str, Any],
+        when: datetime,
+        *,
+        create: bool = True,
+    ) -> dict[str, Any] | None:
+        """Merge `delta` into an app or user state row; the merged state.
+
+        A missing row is created (`create`, as creating a session does) or left missing: None.
+        """
+        this_row = [table.c[name] == value for name, value in keys.items()]
         if self._dialect == _POSTGRESQL:
-            statement = postgresql.insert(table).values(**keys, state=delta, update_time=when)
+            if create:
+                statement = postgresql.insert(table).values(**keys, state=delta, update_time=when)
+                statement = statement.on_conflict_do_update(
+                    index_elements=list(keys),
+                    set_={
+                        "state": table.c.state.op("||")(statement.excluded.state),
+                        "update_time": statement.excluded.update_time,
+                    },
+                ).returning(table.c.state)
+            else:
+                merged_state = table.c.state.op("||")(bindparam("k_state_delta", delta, type_=postgresql.JSONB))
+                statement = (
+                    update(table).where(*this_row).values(state=merged_state, update_time=when).returning(table.c.state)
+                )
+            stored = conn.execute(statement).first()
+            return None if stored is None else dict(stored.state)
+        if create:
+            statement = sqlite.insert(table).values(**keys, state=delta, update_time=when)
             statement = statement.on_conflict_do_update(
-                index_elements=list(keys),
-                set_={
-                    "state": table.c.state.op("||")(statement.excluded.state),
-                    "update_time": statement.excluded.update_time,
-                },
+                index_elements=list(keys), set_={"update_time": statement.excluded.update_time}
             ).returning(table.c.state)
-            return dict(conn.execute(statement).scalar_one())
-        statement = sqlite.insert(table).values(**keys, state=delta, update_time=when)
-        statement = statement.on_conflict_do_update(
-            index_elements=list(keys), set_={"update_time": statement.excluded.update_time}
-        ).returning(table.c.state)
-        current = dict(conn.execute(statement).scalar_one() or {})
+        else:
+            statement = update(table).where(*this_row).values(update_time=when).returning(table.c.state)
+        stored = conn.execute(statement).first()
+        if stored is None:
+            return None
+        current = dict(stored.state or {})
         merged = {**current, **delta}
         if merged != current:
-            conn.execute(
-                update(table).where(*(table.c[name] == value for name, value in keys.items())).values(state=merged)
-            )
+            conn.execute(update(table).where(*this_row).values(state=merged))
         return merged
 
     # --- Creating ---------------------------------------------------------------------------------

@@ -204,7 +204,7 @@ def test_webhook_attachment_copies_are_not_world_readable(settings, tmp_path, mo
                                           secret="s" * 20, message_id_header="X-Message-Id",
                                           expects_attachments=True)
     body = json.dumps({"attachments": [{"filename": "a.txt", "content_base64": base64.b64encode(b"x").decode()}]})
-    receipt = inbox_receipt.receive_event(source=source, body=body.encode(),
+    receipt = inbox_receipt.receive_event(slug=source.slug, body=body.encode(),
                                      headers={"X-Signature": signing.sign_timestamped("s" * 20, body.encode(),
                                                                                       message_id="m1"),
                                               "X-Message-Id": "m1"})
@@ -293,7 +293,7 @@ def _event(source, message_id: str, *, status: str, days_ago: int, run_status: s
     body = json.dumps({"text": message_id,
                        "attachments": [{"filename": "a.txt", "content_base64": base64.b64encode(b"x").decode()}]})
     event = inbox_receipt.receive_event(
-        source=source, body=body.encode(),
+        slug=source.slug, body=body.encode(),
         headers={"X-Signature": signing.sign_timestamped("s" * 20, body.encode(), message_id=message_id),
                  "X-Message-Id": message_id},
     ).event

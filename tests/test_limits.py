@@ -234,6 +234,56 @@ def test_a_body_within_the_limit_still_reaches_the_app(server):
     assert response.status_code == 401  # under the limit: Django answers (no credentials)
 
 
+def _chunked_request(port: int, path: str, body: bytes, *, headers: str = "", pieces: int = 3) -> tuple[int, dict]:
+    """POST `body` in `pieces` chunks, no Content-Length, as a streaming client sends it."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    try:
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{headers}"
+            "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n".encode()
+        )
+        size = -(-len(body) // pieces)
+        for start in range(0, len(body), size):
+            piece = body[start:start + size]
+            sock.sendall(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+        sock.sendall(b"0\r\n\r\n")
+        return _read_response(sock)
+    finally:
+        sock.close()
+
+
+@pytest.mark.slow
+def test_a_chunked_json_run_is_read_as_sent(server, alice):
+    token = Token.objects.create(user=alice).key
+    body = json.dumps({"agent": "support", "message": "Where is my order?", "owner_id": alice.username}).encode()
+    status, answer = _chunked_request(server.port, "/api/runs/", body, headers=f"Authorization: Token {token}\r\n")
+    assert status == 202, answer
+    run = AgentRun.objects.get(run_id=answer["run_id"])
+    assert (run.agent_name, run.config["message"], run.created_by) == ("support", "Where is my order?", alice)
+
+
+@pytest.mark.slow
+def test_a_chunked_json_body_that_is_not_json_says_so(server, alice):
+    token = Token.objects.create(user=alice).key
+    status, answer = _chunked_request(server.port, "/api/runs/", b'{"agent": "support",',
+                                      headers=f"Authorization: Token {token}\r\n")
+    assert status == 400, answer
+    assert "message" not in answer  # not "this field is required": the body was read, and it is not JSON
+    assert answer["code"] == "parse_error", answer
+
+
+def test_a_chunked_body_a_wsgi_server_cannot_read_is_a_411_saying_why(admin_client):
+    # Under WSGI Django reads nothing of a body without a length; the test client is such a door.
+    response = admin_client.generic(
+        "POST", "/api/runs/", b'{"agent": "support"}', content_type="application/json",
+        CONTENT_LENGTH="", HTTP_TRANSFER_ENCODING="chunked",
+    )
+    assert response.status_code == 411
+    assert response.json()["code"] == "length_required"
+    assert "Content-Length" in response.json()["detail"]
+    assert not AgentRun.objects.exists()
+
+
 def test_the_django_guard_refuses_a_declared_length_on_any_path(admin_client, settings):
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 2048
     response = admin_client.generic(

@@ -301,6 +301,66 @@ def test_appending_to_a_deleted_session_says_so(store, app):
         run(store.append_event(session, user_event()))
 
 
+def _drop_state_row(service: DatabaseSessionService, app: str, scope: str) -> None:
+    table = "app_states" if scope == "app" else "user_states"
+
+    async def drop() -> None:
+        async with service.db_engine.begin() as conn:
+            await conn.execute(text(f"DELETE FROM {table} WHERE app_name = :a"), {"a": app})
+
+    run(drop())
+
+
+def _state_rows(service: DatabaseSessionService, app: str) -> tuple[int, int, int]:
+    async def count() -> tuple[int, int, int]:
+        async with service.db_engine.connect() as conn:
+            counts = []
+            for table in ("app_states", "user_states", "events"):
+                sql = text(f"SELECT count(*) FROM {table} WHERE app_name = :a")
+                counts.append((await conn.execute(sql, {"a": app})).scalar())
+            return tuple(counts)
+
+    return run(count())
+
+
+@pytest.mark.parametrize("scope", ["app", "user"])
+@pytest.mark.parametrize("delta", [{}, {"app:k": 1, "user:k": 1, "k": 1}], ids=["no delta", "with deltas"])
+def test_a_missing_state_row_refuses_the_append_as_the_stock_service_does(store, stock, app, scope, delta):
+    refusals = []
+    for service in (stock, store):
+        session = run(service.create_session(app_name=app, user_id=f"u-{len(refusals)}"))
+        run(service.append_event(session, user_event(invocation_id="first")))
+        _drop_state_row(service, app, scope)
+        before = _state_rows(service, app)
+        with pytest.raises(ValueError) as refused:
+            run(service.append_event(session, user_event(invocation_id="refused", state_delta=dict(delta))))
+        refusals.append(str(refused.value).replace(f"u-{len(refusals)}", "<user>"))
+        # Nothing written, and the row is not made again behind the caller's back.
+        assert _state_rows(service, app) == before
+        stored = run(service.get_session(app_name=app, user_id=session.user_id, session_id=session.id))
+        assert [event.invocation_id for event in stored.events] == ["first"]
+        assert [event.invocation_id for event in session.events] == ["first"]
+    stock_refusal, store_refusal = refusals
+    assert store_refusal == stock_refusal
+    assert f"{scope.capitalize()} state missing for app_name={app!r}" in store_refusal
+
+
+def test_a_state_row_deleted_between_the_claim_and_the_merge_is_not_made_again(store, app, monkeypatch):
+    session = run(store.create_session(app_name=app, user_id="u"))
+    real = SessionStore._merge_state_row
+
+    def deleted_first(self, conn, table, keys, delta, when, *, create=True):
+        conn.execute(table.delete().where(*(table.c[name] == value for name, value in keys.items())))
+        return real(self, conn, table, keys, delta, when, create=create)
+
+    monkeypatch.setattr(SessionStore, "_merge_state_row", deleted_first)
+    with pytest.raises(ValueError, match="User state missing"):
+        run(store.append_event(session, user_event(state_delta={"user:k": 1})))
+    monkeypatch.undo()
+    # The whole append was rolled back: the delete with it, and no event.
+    assert _state_rows(store, app) == (1, 1, 0)
+
+
 # --- Stale writers ----------------------------------------------------------------------------------
 
 
@@ -487,10 +547,10 @@ def test_state_tables_are_written_only_for_their_own_delta(store, app):
     # write lock and writes it in a second UPDATE.
     if connection.vendor == "postgresql":
         assert session_delta == ["WITH", "COMMIT"]
-        assert user_delta == ["WITH", "INSERT", "COMMIT"]
+        assert user_delta == ["WITH", "UPDATE", "COMMIT"]
     else:
         assert session_delta == ["UPDATE", "UPDATE", "INSERT", "COMMIT"]
-        assert user_delta == ["UPDATE", "INSERT", "INSERT", "UPDATE", "COMMIT"]
+        assert user_delta == ["UPDATE", "INSERT", "UPDATE", "UPDATE", "COMMIT"]
 
 
 def test_creating_and_reading_a_session_cost_one_and_two_statements(store, app):

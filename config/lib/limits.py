@@ -6,7 +6,8 @@ comes after a gigabyte was already written to the temp directory. `BodyLimitMidd
 the ASGI application instead: a declared Content-Length over the limit is refused without
 reading a byte, and a chunked body is counted as it streams in and cut off past the limit.
 `body_limit_middleware` (a Django middleware) applies the same rule to the declared length on
-every other path (WSGI, the test client).
+every other path (WSGI, the test client), and gives a chunked body that ASGI spooled its length,
+so the parsers read it (under WSGI a chunked body is a 411).
 
 The API's parsers (`config.lib.parsers`) read at most the same limits and raise this module's
 `RequestTooLarge`, so every limit and its refusal live here.
@@ -18,12 +19,14 @@ the form around it, the webhook inbox WEBHOOK_MAX_BYTES, everything else DATA_UP
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from rest_framework import exceptions, status
 
@@ -155,11 +158,44 @@ class BodyLimitMiddleware:
 # --- Django: the same rule on the declared length -------------------------------------------------------
 
 
+def _chunked(request: HttpRequest) -> bool:
+    return "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower()
+
+
+def _spooled_length(request: ASGIRequest) -> int:
+    """The size of a body Django's ASGI handler has already read (within the limit, counted above)."""
+    body_file = request._stream
+    position = body_file.tell()
+    body_file.seek(0, io.SEEK_END)
+    size = body_file.tell()
+    body_file.seek(position)
+    return size
+
+
+LENGTH_REQUIRED = {
+    "code": "length_required",
+    "detail": (
+        "A chunked request body (Transfer-Encoding: chunked, no Content-Length) cannot be read by this "
+        "server: send the body with a Content-Length."
+    ),
+}
+
+
 def refusal_for(request: HttpRequest) -> HttpResponse | None:
     limit = body_limit(
         method=request.method or "GET", path=request.path_info, content_type=request.META.get("CONTENT_TYPE", "")
     )
     declared = _declared_length(request.META.get("CONTENT_LENGTH"))
+    if declared is None and _chunked(request):
+        # DRF and Django's form parsers read a body only as far as CONTENT_LENGTH says, so a
+        # chunked one would parse as no body at all (and a JSON start as "this field is required").
+        # Under ASGI the whole body is already spooled, cut off past its limit by
+        # BodyLimitMiddleware: its length is known, and declared here for the parsers. A WSGI
+        # server hands Django a stream it reads nothing of without a length: refused, saying why.
+        if not isinstance(request, ASGIRequest):
+            return JsonResponse(LENGTH_REQUIRED, status=411)
+        declared = _spooled_length(request)
+        request.META["CONTENT_LENGTH"] = str(declared)
     if declared is not None and declared > limit.bytes:
         return JsonResponse(limit.body(), status=413)
     return None

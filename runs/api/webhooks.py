@@ -49,7 +49,9 @@ class WebhookReceiveView(APIView):
             "`X-Signature: sha256=<hex>` over the raw body. The event (and its attachments, as `attachments: [{filename, content_type, content_base64}]` "
             "for sources that take them) is stored before the answer. The provider's message id (a header "
             "or a JSON field, per source) makes delivery idempotent: the same id again answers 200 with "
-            "the first event."
+            "the first event. Every delivery that is not authenticated (no enabled source of that name, a "
+            "missing, malformed or wrong signature, or a signed message id that cannot be read) gets the same "
+            "404 `not_accepted`, which says nothing of the source or its scheme; the reason is in the server's log."
         ),
         parameters=[
             OpenApiParameter(
@@ -61,22 +63,25 @@ class WebhookReceiveView(APIView):
         responses={
             202: OpenApiResponse(WebhookReceiptSerializer, description="Stored; it will be processed."),
             200: OpenApiResponse(WebhookReceiptSerializer, description="Already received: the first event."),
-            400: OpenApiResponse(ErrorSerializer, description="Not a JSON object, no message id, bad attachments."),
-            401: OpenApiResponse(ErrorSerializer, description="Missing, bad or expired signature."),
-            404: OpenApiResponse(ErrorSerializer, description="No such (enabled) source."),
+            400: OpenApiResponse(
+                ErrorSerializer, description="Signed, but not a JSON object, no message id, bad attachments."
+            ),
+            401: OpenApiResponse(ErrorSerializer, description="Signed correctly, but the timestamp is out of the window."),
+            404: OpenApiResponse(
+                ErrorSerializer, description="Not accepted: no such enabled source, or not signed as it expects."
+            ),
             413: OpenApiResponse(ErrorSerializer, description="Larger than WEBHOOK_MAX_BYTES (or an attachment too large)."),
         },
         auth=[],
     )
     def post(self, request, source: str):
         django_request = request._request
-        found = receipt.get_source(source)
         limit = settings.WEBHOOK_MAX_BYTES
         declared = _declared_length(django_request.META)
         if declared is not None and declared > limit:
             raise refusals.BodyTooLarge()
         body = django_request.read(limit + 1)
-        delivered = receipt.receive_event(source=found, body=body, headers=django_request.headers)
+        delivered = receipt.receive_event(slug=source, body=body, headers=django_request.headers)
         event = delivered.event
         return Response(
             {"event_id": str(event.event_id), "status": event.status, "duplicate": not delivered.created},

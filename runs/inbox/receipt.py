@@ -2,20 +2,28 @@
 
 The same provider message id again answers with the first event (the unique constraint decides races).
 A new id needs a new signature: both schemes sign the id (runs.inbox.signing).
+
+Until a delivery is verified its caller is nobody: an unknown or disabled source, a missing,
+malformed or wrong signature, and a message id that cannot be read to check the signature all get
+one answer (`NotAccepted`, 404), and a delivery to a source that does not exist is checked
+against a stand-in source with a random secret, so that the answer's time does not tell either.
+The reason is logged for the operator.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import unicodedata
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,10 +34,10 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django_q.tasks import async_task
 
-from config.lib import files, safe_json
+from config.lib import crypto, files, safe_json
 from runs import services
 from runs.inbox import signing
-from runs.inbox.refusals import BadAttachments, BodyTooLarge, MalformedEvent, MessageIdMissing, UnknownSource
+from runs.inbox.refusals import BadAttachments, BodyTooLarge, MalformedEvent, MessageIdMissing, NotAccepted
 from runs.models import SignatureScheme, WebhookEvent, WebhookSource
 
 logger = logging.getLogger(__name__)
@@ -44,11 +52,20 @@ KEPT_HEADERS = ("Content-Type", "User-Agent", "X-Request-Id", "X-Delivery-Id")
 # --- Receipt ---------------------------------------------------------------------------------------
 
 
-def get_source(slug: str) -> WebhookSource:
-    source = WebhookSource.objects.filter(slug=slug, enabled=True).first()
-    if source is None:
-        raise UnknownSource(slug)
-    return source
+def find_source(slug: str) -> WebhookSource | None:
+    """The enabled source of this slug, or None (which the receipt answers as it answers a bad signature)."""
+    return WebhookSource.objects.filter(slug=slug, enabled=True).first()
+
+
+@functools.lru_cache(maxsize=4)
+def _stand_in_ciphertext(keys: tuple[str, ...]) -> str:
+    return crypto.encrypt(secrets.token_hex(32))
+
+
+def _stand_in_source() -> WebhookSource:
+    """A source nobody can sign for, the default kind, its secret decrypted as a stored one is."""
+    secret = crypto.decrypt(_stand_in_ciphertext(tuple(settings.SECRETS_ENCRYPTION_KEYS)))
+    return WebhookSource(slug="", name="", message_id_header="X-Message-Id", secret=secret)
 
 
 @dataclass(frozen=True)
@@ -102,10 +119,15 @@ def _payload(body: bytes) -> dict:
 
 
 def _verified(source: WebhookSource, body: bytes, headers: Mapping[str, str]) -> tuple[dict, str]:
-    """The payload and the message id of a delivery whose signature matched (else a WebhookRefused)."""
+    """The payload and the message id of a delivery whose signature matched.
+
+    Raises signing.Unverified until the signature matched (a message id that cannot be read is
+    one reason); after that, the refusals an authenticated provider may read (MalformedEvent,
+    MessageIdMissing, SignatureExpired).
+    """
     signature = signing.read_signature(source, headers.get(signing.SIGNATURE_HEADER))
     if source.message_id_header:
-        external_id = _header_message_id(source, headers)
+        external_id = _unverified_unless(lambda: _header_message_id(source, headers))
         signing.verify_signature(source, signature, body, message_id=external_id)
         return _payload(body), external_id
     if source.signature_scheme == SignatureScheme.BODY:
@@ -113,12 +135,33 @@ def _verified(source: WebhookSource, body: bytes, headers: Mapping[str, str]) ->
         payload = _payload(body)
         return payload, _field_message_id(source, payload)
     # The id this scheme signs is inside the body, so the body is parsed (strictly, within its
-    # bound) before the signature is checked: an unsigned delivery may hear that it is not JSON
-    # or has no id, and nothing else.
-    payload = _payload(body)
-    external_id = _field_message_id(source, payload)
+    # bound) before the signature is checked; until it matched, a body that is not JSON or has
+    # no id is one more unverified delivery.
+    payload = _unverified_unless(lambda: _payload(body))
+    external_id = _unverified_unless(lambda: _field_message_id(source, payload))
     signing.verify_signature(source, signature, body, message_id=external_id)
     return payload, external_id
+
+
+def _unverified_unless(read: Callable[[], Any]) -> Any:
+    try:
+        return read()
+    except (MalformedEvent, MessageIdMissing) as refusal:
+        raise signing.Unverified(f"the message id the signature covers cannot be read: {refusal.detail}") from None
+
+
+def _authenticated(
+    slug: str, source: WebhookSource | None, body: bytes, headers: Mapping[str, str]
+) -> tuple[WebhookSource, dict, str]:
+    try:
+        payload, external_id = _verified(source or _stand_in_source(), body, headers)
+    except signing.Unverified as unverified:
+        reason = "no enabled source has this slug" if source is None else unverified.reason
+        logger.warning("Webhook delivery to %r not accepted: %s", slug[:100], reason)
+        raise NotAccepted() from None
+    if source is None:  # a stand-in cannot be signed for; this is never reached
+        raise NotAccepted()
+    return source, payload, external_id
 
 
 def _attachments(source: WebhookSource, payload: dict) -> tuple[list[Attachment], dict]:
@@ -220,15 +263,16 @@ class Receipt:
     created: bool
 
 
-def receive_event(*, source: WebhookSource, body: bytes, headers: Mapping[str, str]) -> Receipt:
-    """Verify, parse, store (attachments first, then the row) and enqueue one delivery.
+def receive_event(*, slug: str, body: bytes, headers: Mapping[str, str]) -> Receipt:
+    """Verify, parse, store (attachments first, then the row) and enqueue one delivery to `slug`.
 
-    Raises a WebhookRefused for a delivery that is not stored. Returns the first event (created
-    False) when the provider's message id was already received from this source.
+    Raises a WebhookRefused for a delivery that is not stored (NotAccepted for every one not
+    authenticated). Returns the first event (created False) when the provider's message id was
+    already received from this source.
     """
     if len(body) > settings.WEBHOOK_MAX_BYTES:
         raise BodyTooLarge()
-    payload, external_id = _verified(source, body, headers)
+    source, payload, external_id = _authenticated(slug, find_source(slug), body, headers)
 
     existing = WebhookEvent.objects.filter(source=source, external_id=external_id).first()
     if existing is not None:

@@ -20,12 +20,21 @@ class WebhookRefused(Refusal):
     """A delivery the inbox will not store; nothing was written."""
 
 
-class UnknownSource(WebhookRefused):
-    status = 404
-    code = "unknown_source"
+class NotAccepted(WebhookRefused):
+    """The one answer to a delivery nobody authenticated: the source does not exist, is disabled, or
+    the signature (or the message id it signs) is missing, malformed or wrong. Every such delivery
+    hears the same status and the same words, so a caller without the secret learns neither which
+    sources exist nor what they expect; the reason goes to the operator's log
+    (`runs.inbox.receipt`)."""
 
-    def __init__(self, slug: str):
-        super().__init__(f"There is no webhook source “{slug}” accepting events.", source=slug)
+    status = 404
+    code = "not_accepted"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "No webhook source here accepts this delivery. If you send events to a source of this "
+            "service, check the URL and that each delivery is signed as its settings say."
+        )
 
 
 class BodyTooLarge(WebhookRefused):

@@ -37,43 +37,23 @@ _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 _UNIX_SECONDS = re.compile(r"[0-9]{1,11}")
 
 
-def what_to_sign(source: WebhookSource) -> str:
-    """The sentence every signature refusal ends with: exactly what this source expects."""
-    if source.signature_scheme == SignatureScheme.BODY:
-        return (
-            f"this source expects “{SIGNATURE_HEADER}: {BODY_PREFIX}<hex>”, the HMAC-SHA256 of the raw body "
-            "with the source's shared secret."
-        )
-    return (
-        f"this source expects “{SIGNATURE_HEADER}: {TIMESTAMP_KEY}=<unix seconds>,{DIGEST_KEY}=<hex>”, the "
-        f"HMAC-SHA256 with the source's shared secret of “<t>.<message id>.” followed by the raw body, the "
-        f"message id being the one in the {source.message_id_location}."
-    )
+class Unverified(Exception):
+    """A delivery whose signature does not verify: missing, malformed or not this delivery's.
 
+    Not a refusal the caller reads: the receipt answers every unverified delivery, and every
+    delivery to a source that does not exist, with one refusal (`receipt.NotAccepted`), so an
+    unauthenticated caller learns neither which sources exist nor what they sign. The reason is
+    for the operator's log.
+    """
 
-class SignatureMissing(WebhookRefused):
-    status = 401
-    code = "signature_missing"
-
-    def __init__(self, source: WebhookSource) -> None:
-        super().__init__(
-            f"The request has no {SIGNATURE_HEADER} header: {what_to_sign(source)}",
-            scheme=source.signature_scheme,
-        )
-
-
-class BadSignature(WebhookRefused):
-    status = 401
-    code = "bad_signature"
-
-    def __init__(self, source: WebhookSource, problem: str | None = None) -> None:
-        problem = problem or (
-            f"The {SIGNATURE_HEADER} header does not match this delivery signed with the source's shared secret"
-        )
-        super().__init__(f"{problem}: {what_to_sign(source)}", scheme=source.signature_scheme)
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class SignatureExpired(WebhookRefused):
+    """Said only to a caller whose digest matched: who can sign for the source may hear about its clock."""
+
     status = 401
     code = "signature_expired"
 
@@ -129,12 +109,13 @@ class Signature:
 
 
 def read_signature(source: WebhookSource, header: str | None) -> Signature:
-    """Everything about the header that needs neither the body nor the secret: present, well formed, fresh.
+    """Everything about the header that needs neither the body nor the secret: present and well formed.
 
-    Raises SignatureMissing, BadSignature (malformed) or SignatureExpired.
+    Raises Unverified. Freshness is judged after the digest (`verify_signature`), so that only a
+    caller who can sign hears about the clock.
     """
     if header is None or not header.strip():
-        raise SignatureMissing(source)
+        raise Unverified(f"no {SIGNATURE_HEADER} header")
     header = header.strip()
     if source.signature_scheme == SignatureScheme.BODY:
         return _read_body_header(source, header)
@@ -144,19 +125,16 @@ def read_signature(source: WebhookSource, header: str | None) -> Signature:
 def _read_body_header(source: WebhookSource, header: str) -> Signature:
     prefix, digest = header[: len(BODY_PREFIX)], header[len(BODY_PREFIX):]
     if prefix.lower() != BODY_PREFIX:
-        raise BadSignature(source, f"The {SIGNATURE_HEADER} header does not start with “{BODY_PREFIX}”")
+        raise Unverified(f"the header does not start with “{BODY_PREFIX}”")
     digest = digest.strip().lower()
     if not _HEX_DIGEST.fullmatch(digest):
-        raise BadSignature(source, f"The {SIGNATURE_HEADER} header's digest is not 64 hexadecimal digits")
+        raise Unverified("the header's digest is not 64 hexadecimal digits")
     return Signature(digests=(digest,))
 
 
 def _read_timestamped_header(source: WebhookSource, header: str) -> Signature:
     if header[: len(BODY_PREFIX)].lower() == BODY_PREFIX:
-        raise BadSignature(
-            source, f"The {SIGNATURE_HEADER} header is a body-only signature ({BODY_PREFIX}…), which this source "
-            "does not accept"
-        )
+        raise Unverified(f"the header is a body-only signature ({BODY_PREFIX}…) on a timestamped source")
     timestamps: list[str] = []
     digests: list[str] = []
     for part in header.split(","):
@@ -165,7 +143,7 @@ def _read_timestamped_header(source: WebhookSource, header: str) -> Signature:
         key, equals, value = part.partition("=")
         key, value = key.strip().lower(), value.strip()
         if not equals:
-            raise BadSignature(source, f"The {SIGNATURE_HEADER} header's part “{part.strip()[:40]}” is not key=value")
+            raise Unverified(f"the header's part “{part.strip()[:40]}” is not key=value")
         if key == TIMESTAMP_KEY:
             timestamps.append(value)
         elif key == DIGEST_KEY:
@@ -173,23 +151,19 @@ def _read_timestamped_header(source: WebhookSource, header: str) -> Signature:
         # Other keys (another provider's schemes, a future version) are not ours to judge.
     if len(timestamps) != 1:
         problem = "has no timestamp (t=…)" if not timestamps else "has more than one timestamp (t=…)"
-        raise BadSignature(source, f"The {SIGNATURE_HEADER} header {problem}")
+        raise Unverified(f"the header {problem}")
     if not _UNIX_SECONDS.fullmatch(timestamps[0]):
-        raise BadSignature(source, f"The {SIGNATURE_HEADER} timestamp is not a whole number of unix seconds")
+        raise Unverified("the timestamp is not a whole number of unix seconds")
     if not digests:
-        raise BadSignature(source, f"The {SIGNATURE_HEADER} header has no digest ({DIGEST_KEY}=…)")
+        raise Unverified(f"the header has no digest ({DIGEST_KEY}=…)")
     if not all(_HEX_DIGEST.fullmatch(digest) for digest in digests):
-        raise BadSignature(source, f"A {DIGEST_KEY}= digest in the {SIGNATURE_HEADER} header is not 64 hexadecimal digits")
-    timestamp = int(timestamps[0])
-    now = int(time.time())
-    tolerance = settings.WEBHOOK_SIGNATURE_TOLERANCE_SECONDS
-    if abs(now - timestamp) > tolerance:
-        raise SignatureExpired(timestamp=timestamp, now=now, tolerance=tolerance)
-    return Signature(digests=tuple(digests), timestamp=timestamp)
+        raise Unverified(f"a {DIGEST_KEY}= digest is not 64 hexadecimal digits")
+    return Signature(digests=tuple(digests), timestamp=int(timestamps[0]))
 
 
 def verify_signature(source: WebhookSource, signature: Signature, body: bytes, *, message_id: str | None) -> None:
-    """Raises BadSignature unless one of the digests is this delivery's, signed with the source's secret.
+    """Raises Unverified unless one of the digests is this delivery's, signed with the source's secret,
+    then SignatureExpired if its time is outside WEBHOOK_SIGNATURE_TOLERANCE_SECONDS.
 
     `message_id` is the id as the inbox reads it (the timestamped scheme signs it; the body scheme
     signs only the body, which then holds the id).
@@ -207,4 +181,9 @@ def verify_signature(source: WebhookSource, signature: Signature, body: bytes, *
     for digest in signature.digests:
         matched |= hmac.compare_digest(expected, digest.encode())
     if not matched:
-        raise BadSignature(source)
+        raise Unverified("no digest matches this delivery signed with the source's secret")
+    if signature.timestamp is not None:
+        now = int(time.time())
+        tolerance = settings.WEBHOOK_SIGNATURE_TOLERANCE_SECONDS
+        if abs(now - signature.timestamp) > tolerance:
+            raise SignatureExpired(timestamp=signature.timestamp, now=now, tolerance=tolerance)
