@@ -5,7 +5,8 @@ due jobs every 30 s, so a run whose machine was lost (no sentinel left to notice
 `runs.deaths`) went stale after RUN_STALE_AFTER_SECONDS and then waited up to another minute or
 more: 119 s from the loss to success on default settings. Every cluster's sentinel therefore runs
 the same sweep (`runs.reconcile.sweep`, then `runs.recovery.recover_due`) on a thread of its own
-every `interval()` seconds: a quarter of RUN_STALE_AFTER_SECONDS, between 1 and 10 s. Several
+every `interval()` seconds: a sixth of RUN_STALE_AFTER_SECONDS, between 1 and 5 s (5 s on the
+default 60 s), so a lost machine's run is continued within RUN_STALE_AFTER_SECONDS + 15 s. Several
 clusters sweeping at once is safe (each write is conditional and skips rows another holds), and
 costs a few index range scans per sweep when nothing is stale.
 
@@ -33,7 +34,7 @@ fork_guard = threading.Lock()
 
 def interval() -> float:
     """Seconds between two sweeps of a cluster: recovery within RUN_STALE_AFTER_SECONDS + this + a run's start."""
-    return max(1.0, min(10.0, settings.RUN_STALE_AFTER_SECONDS / 4))
+    return max(1.0, min(5.0, settings.RUN_STALE_AFTER_SECONDS / 6))
 
 
 def sweep_once() -> tuple[reconcile.SweepReport, int]:

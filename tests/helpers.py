@@ -254,10 +254,13 @@ def chain_end(run):
 
 
 def chain_ids(run) -> list:
+    """`run` and the runs that continue it (resumes, replays), in order."""
+    from django.db.models import Q
+
     from runs.models import AgentRun
 
     ids, current = [run.pk], run
-    while (nxt := AgentRun.objects.filter(resume_of=current).first()) is not None:
+    while (nxt := AgentRun.objects.filter(Q(resume_of=current) | Q(replay_of=current)).first()) is not None:
         ids.append(nxt.pk)
         current = nxt
     return ids

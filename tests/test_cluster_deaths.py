@@ -15,6 +15,7 @@ import signal
 import time
 
 import pytest
+from django.db import connection
 from django_q.models import OrmQ
 
 from agents.models import CrmNote, OutboxEmail
@@ -22,6 +23,7 @@ from runs import services
 from runs.models import AgentRun, Recovery, RunStatus
 from tests.helpers import (
     UPDATE_CRM,
+    alive,
     chain_end,
     chain_ids,
     cluster_pids,
@@ -87,8 +89,11 @@ def _last_task() -> int:
 
 
 def assert_nothing_waits_forever(runs: list[AgentRun], *, last_task_before_kill: int) -> None:
-    wait_until(lambda: all(_done(chain_end(run)) for run in runs), timeout=SETTLE_SECONDS,
-               what=f"every run to finish or wait for a person: {_states(runs)}", step=0.5)
+    try:
+        wait_until(lambda: all(_done(chain_end(run)) for run in runs), timeout=SETTLE_SECONDS,
+                   what="every run to finish or wait for a person", step=0.5)
+    except AssertionError as timed_out:
+        raise AssertionError(f"{timed_out}: (status, code, recovery, attempts) = {_states(runs)}") from None
     for run in runs:
         end, ids = chain_end(run), chain_ids(run)
         assert not AgentRun.objects.filter(pk__in=ids, status=RunStatus.QUEUED).exists()
@@ -153,5 +158,40 @@ def test_idle_workers_killed_while_waiting_for_a_task_leave_the_cluster_starting
         assert_nothing_waits_forever(runs, last_task_before_kill=last_task)
         assert all(chain_end(run).pk == run.pk for run in runs)  # each started once, by the cluster
         assert "reader lock: released" in log.read_text()
+    finally:
+        stop_cluster(cluster)
+
+
+# --- Database faults ----------------------------------------------------------------------------------
+
+
+def _terminate_other_connections() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return cursor.fetchone()[0]
+
+
+def test_the_database_ends_the_clusters_connections_with_runs_in_flight(tmp_path):
+    # pg_terminate_backend of every connection of the cluster (its workers' among them: the ORM's,
+    # ADK's pool, the heartbeat's) while runs call their tools: a run goes on, or dies and is
+    # recovered, never settled as if it failed on its own; and the same workers go on serving.
+    log = tmp_path / "cluster.log"
+    cluster = start_cluster(log, **FAST)
+    try:
+        pids = wait_for_cluster(log, cluster)
+        runs = _burst()
+        wait_until(lambda: _one_sent_and_some_queued(runs), timeout=90,
+                   what="a run in flight that sent its email, others queued")
+        last_task = _last_task()
+        assert _terminate_other_connections() > 0
+        assert_nothing_waits_forever(runs, last_task_before_kill=last_task)
+        assert [pid for pid in pids["worker"] if not alive(pid)] == []
+        later = _burst(2)
+        wait_until(lambda: all(chain_end(run).status == RunStatus.SUCCESS for run in later), timeout=60,
+                   what="runs started after the fault to succeed")
+        assert {int(chain_end(run).worker.rsplit(":", 1)[1]) for run in later} <= set(pids["worker"])
     finally:
         stop_cluster(cluster)
