@@ -5,7 +5,12 @@ starts a new one for each that died (`Sentinel.reincarnate`). That is the one pl
 at once, that a worker is gone: wrapped here, it reconciles the dead worker's runs (conditional
 on the leases that worker held: `runs.reconcile.reconcile_dead_worker`) and lets the system
 continue each of them when nothing of it is in doubt (`runs.recovery`). A lost machine, where no
-sentinel is left, is still found by heartbeat staleness (`runs.reconcile`).
+sentinel is left, is still found by heartbeat staleness (`runs.reconcile`), in the sweep every
+sentinel runs every few seconds (`runs.sweeper`).
+
+The same place releases the locks of the cluster's queues the dead process (worker, pusher or
+monitor) still held, without which the cluster would never deliver a task or a result again
+(`runs.queue_locks`).
 
 django-q2 has no signal for a worker's death; the wrapper keeps its behaviour and only adds to it.
 """
@@ -19,7 +24,7 @@ from typing import Any
 from django.db import close_old_connections
 from django_q.cluster import Sentinel
 
-from runs import reconcile, recovery
+from runs import queue_locks, reconcile, recovery, sweeper
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +46,18 @@ _original_reincarnate = Sentinel.reincarnate
 
 
 def _reincarnate(self: Sentinel, process: Any) -> None:
+    pid = process.pid
+    if not process.is_alive():
+        # Before its replacement starts: a lock of the cluster's queues the dead process held
+        # would stop every other reader or writer for good (runs.queue_locks).
+        released = queue_locks.release_locks_of_dead(pid, {"task": self.task_queue, "result": self.result_queue})
+        if released:
+            logger.warning("Process %s died holding %s: released", pid, " and ".join(released))
     # Only a worker that is dead already: a worker the guard ends for its timeout (never ours:
     # a task lasts a claim) is still draining its runs.
     died = process is not self.monitor and process is not self.pusher and not process.is_alive()
-    pid = process.pid
-    _original_reincarnate(self, process)
+    with sweeper.fork_guard:
+        _original_reincarnate(self, process)
     if not died:
         return
     try:
@@ -57,5 +69,16 @@ def _reincarnate(self: Sentinel, process: Any) -> None:
         logger.warning("Worker %s died with %d run(s): reconciled at once", pid, count)
 
 
+_original_guard = Sentinel.guard
+
+
+def _guard(self: Sentinel) -> None:
+    # Its processes are forked already (spawn_cluster); later forks wait for the sweep's pauses.
+    sweeper.start(self.stop_event)
+    _original_guard(self)
+
+
 def watch_worker_deaths() -> None:
+    queue_locks.track_queue_locks()
     Sentinel.reincarnate = _reincarnate
+    Sentinel.guard = _guard

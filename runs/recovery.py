@@ -5,8 +5,10 @@ resume decision (`runs.resume.decide_resume`) that already knows whether continu
 nothing in doubt (every dangling call read only, answered by a done effect record, or none), the
 agent unchanged, the session present. With `RUN_RECOVERY=resume` (the default) the system then
 continues it as a resume (`resume_of`, trigger kept, `created_by` empty, `resume_reason`
-"recovered"), at most `RUN_RECOVERY_ATTEMPTS` per chain, each later attempt after a backoff
-(`RUN_RECOVERY_BACKOFF_SECONDS`, doubling). Otherwise the run waits on the desk for a person, and
+"recovered"); a run that died before its session held anything (killed just after its claim) is
+started again instead, in a fresh session like a replay (`replay_of`, same reason). At most
+`RUN_RECOVERY_ATTEMPTS` per chain, each later attempt after a backoff (`RUN_RECOVERY_BACKOFF_SECONDS`,
+doubling). Otherwise the run waits on the desk for a person, and
 `recovery` / `recovery_detail` on it say why (docs/architecture.md, "Recovery without a person").
 
 Entry points: `recover` for one run (the death of a worker noticed by its cluster, a drain's aborted
@@ -25,10 +27,12 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from runs import reconcile, services
+from agents.models import AdkEvent
+from runs import chain, reconcile, services
 from runs.counters import RECOVERIES
-from runs.models import AgentRun, Recovery, RunStatus, Trigger
-from runs.resume import chain_of, decide_resume, gather_resume_facts
+from runs.models import AgentRun, Recovery, RunStatus, ToolCall, Trigger
+from runs.refusals import SessionGone
+from runs.resume import decide_resume, gather_resume_facts
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +82,9 @@ def recover(*, run_id: uuid.UUID, now: datetime | None = None) -> AgentRun | Non
                 "Resume it to continue the conversation."
             ))
             return None
-        used = sum(1 for earlier in chain_of(run) if earlier.resume_reason == RECOVERED)
+        # The system's continuations of this chain so far (resumes, and fresh starts of runs that died
+        # before they wrote anything).
+        used = sum(1 for earlier in [run, *chain.predecessors(run)] if earlier.resume_reason == RECOVERED)
         attempts = settings.RUN_RECOVERY_ATTEMPTS
         if used >= attempts:
             _mark(run, Recovery.EXHAUSTED, (
@@ -96,27 +102,60 @@ def recover(*, run_id: uuid.UUID, now: datetime | None = None) -> AgentRun | Non
             return None
         facts = gather_resume_facts(run)
         decision = decide_resume(run, facts=facts)
-        if decision.refusal is not None:
+        if isinstance(decision.refusal, SessionGone) and _wrote_nothing(run):
+            resumed = _start_afresh(run)
+            _mark(run, Recovery.RECOVERED, (
+                f"Started again by the system as run {resumed.run_id} (attempt {used + 1} of {attempts}): it died "
+                "before it wrote anything, so nothing it did can be in doubt."
+            ))
+        elif decision.refusal is not None:
             _mark(run, Recovery.NEEDS_PERSON, (
                 f"Not continued by the system ({decision.refusal.code}): {decision.refusal.detail}"
             ))
             return None
-        resumed = services.write_queued_run(
-            actor=None,
-            **run.successor_fields(),
-            resume_of=run,
-            session_id=run.session_id,
-            conversation_id=run.conversation_id,
-            agent_fingerprint=facts.fingerprint_now,
-            resume_reason=RECOVERED,
-        )
-        _mark(run, Recovery.RECOVERED, (
-            f"Continued by the system as run {resumed.run_id} (attempt {used + 1} of {attempts}): nothing it "
-            "did was in doubt."
-        ))
+        else:
+            resumed = services.write_queued_run(
+                actor=None,
+                **run.successor_fields(),
+                resume_of=run,
+                session_id=run.session_id,
+                conversation_id=run.conversation_id,
+                agent_fingerprint=facts.fingerprint_now,
+                resume_reason=RECOVERED,
+            )
+            _mark(run, Recovery.RECOVERED, (
+                f"Continued by the system as run {resumed.run_id} (attempt {used + 1} of {attempts}): nothing it "
+                "did was in doubt."
+            ))
     RECOVERIES.inc()
     logger.warning("Run %s (%s) continued by the system as run %s", run.run_id, run.error_code, resumed.run_id)
     return resumed
+
+
+def _wrote_nothing(run: AgentRun) -> bool:
+    """Whether the run died before its session held anything: not even its input, so no call either.
+
+    A tool runs only after its call's event is stored (and journaled), so such a run did nothing. A
+    workflow's steps are its own record: a workflow run is left to the resume rules. Its verdict must
+    say it called nothing (not unknown).
+    """
+    if run.workflow or run.tools_executed != [] or ToolCall.objects.filter(run_id=run.run_id).exists():
+        return False
+    return not AdkEvent.objects.of_session(
+        app_name=run.agent_name, user_id=run.owner_id, session_id=run.session_id
+    ).exists()
+
+
+def _start_afresh(run: AgentRun) -> AgentRun:
+    """A run that wrote nothing has no conversation to continue: it starts again, as a replay would,
+    in a fresh session (the one it was given is empty)."""
+    return services.write_queued_run(
+        actor=None,
+        **run.successor_fields(),
+        replay_of=run,
+        session_id=str(uuid.uuid4()),
+        resume_reason=RECOVERED,
+    )
 
 
 def recover_due(*, now: datetime | None = None) -> list[AgentRun]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -178,3 +180,87 @@ def wait_until_serving(url: str, process, log_path, *, timeout: float = 60) -> N
                 process.kill()
                 pytest.fail(f"the server did not start:\n{log_path.read_text()[-3000:]}")
             time.sleep(0.2)
+
+
+# --- Real django-q2 clusters, their processes and the runs they leave -------------------------------
+
+_ROLE_LINES = re.compile(r"(ready for work|monitoring|pushing tasks) at (\d+)")
+_ROLES = {"ready for work": "worker", "monitoring": "monitor", "pushing tasks": "pusher"}
+
+
+def start_cluster(log_path: Path, **env: str) -> subprocess.Popen:
+    """`manage.py qcluster` (two workers, a short poll) in its own session, its log in `log_path`."""
+    env.setdefault("Q_WORKERS", "2")
+    env.setdefault("Q_POLL_SECONDS", "0.1")
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "manage.py", "qcluster"], cwd=BASE_DIR, env=child_env(**env),
+            stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
+        )
+
+
+def cluster_pids(log_path: Path) -> dict[str, list[int]]:
+    """Each kind of the cluster's processes (worker, monitor, pusher): their pids, oldest first,
+    as django-q2 logs them when each starts (reincarnated ones included)."""
+    found: dict[str, list[int]] = {"worker": [], "monitor": [], "pusher": []}
+    for line in Path(log_path).read_text(errors="replace").splitlines():
+        if match := _ROLE_LINES.search(line):
+            found[_ROLES[match.group(1)]].append(int(match.group(2)))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A killed child not yet reaped by its parent is a zombie: dead for our purposes.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def wait_for_cluster(log_path: Path, process: subprocess.Popen, *, workers: int = 2, timeout: float = 90) -> dict:
+    """Wait until every process of the cluster is up; its pids (the live ones of each kind)."""
+
+    def up():
+        assert process.poll() is None, f"the cluster stopped:\n{Path(log_path).read_text()[-3000:]}"
+        pids = {kind: [pid for pid in found if alive(pid)] for kind, found in cluster_pids(log_path).items()}
+        return pids if len(pids["worker"]) >= workers and pids["monitor"] and pids["pusher"] else None
+
+    return wait_until(up, timeout=timeout, what="the cluster to start")
+
+
+def stop_cluster(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait(timeout=30)
+    connection.close()
+
+
+def chain_end(run):
+    """The last run of `run`'s chain of resumes and replays (the run itself if it has none)."""
+    from runs.models import AgentRun
+
+    current = AgentRun.objects.get(pk=run.pk)
+    while True:
+        nxt = AgentRun.objects.filter(resume_of=current).first() or AgentRun.objects.filter(replay_of=current).first()
+        if nxt is None:
+            return current
+        current = nxt
+
+
+def chain_ids(run) -> list:
+    """`run` and the runs that continue it (resumes, replays), in order."""
+    from django.db.models import Q
+
+    from runs.models import AgentRun
+
+    ids, current = [run.pk], run
+    while (nxt := AgentRun.objects.filter(Q(resume_of=current) | Q(replay_of=current)).first()) is not None:
+        ids.append(nxt.pk)
+        current = nxt
+    return ids
