@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
+import sys
 import time
 
 from _benchdb import bench_database
@@ -32,7 +34,7 @@ INSERT INTO agent_runs (
     run_id, trigger, agent_name, owner_id, config, input_file, input_file_name, input_file_sha256,
     status, attempts, error_code, error_message, tools_executed, result, forced, force_reason,
     session_id, conversation_id, created_at, started_at, heartbeat_at, finished_at, worker,
-    model_retries, trace_id, effects, agent_fingerprint
+    model_retries, trace_id, effects, agent_fingerprint, resume_reason, recovery, recovery_detail
 )
 SELECT
     md5(i::text)::uuid,
@@ -53,7 +55,7 @@ SELECT
     CASE WHEN i > %(n)s - %(in_flight)s THEN NULL
          ELSE now() - ((%(n)s - i) * interval '30 days' / %(n)s) + interval '5 seconds' END,
     CASE WHEN i > %(n)s - %(in_flight)s AND i %% 3 <> 0 THEN 'worker-' || (i %% 4) ELSE '' END,
-    '[]'::jsonb, '', 'reuse', ''
+    '[]'::jsonb, '', 'reuse', '', '', '', ''
 FROM generate_series(%(start)s, %(n)s) AS i
 """
 
@@ -70,6 +72,19 @@ SELECT md5(i::text)::uuid, 1, 'c-' || i, 'send_email', '{}'::jsonb,
        CASE WHEN i %% 7 = 0 THEN 'called' ELSE 'answered' END, now(), '', 'support', '', '', '', ''
 FROM generate_series(18, %(n)s - %(in_flight)s, 60) AS i
 """
+
+
+def unfilled_columns(model, sql: str) -> list[str]:
+    """The NOT NULL columns of `model`'s table that an INSERT … SELECT leaves out (a new column, say)."""
+    listed = set(re.findall(r"\w+", sql.split("SELECT", 1)[0].split("(", 1)[1]))
+    return [field.column for field in model._meta.concrete_fields
+            if not field.null and field.column not in listed and not field.get_internal_type().endswith("AutoField")]
+
+
+def check_fills(model, sql: str) -> None:
+    missing = unfilled_columns(model, sql)
+    if missing:
+        sys.exit(f"The benchmark's INSERT into {model._meta.db_table} leaves NOT NULL columns out: {', '.join(missing)}")
 
 
 def main() -> None:
@@ -89,8 +104,10 @@ def fill(n: int) -> None:
     from django.db import connection
     from django.utils import timezone
 
-    from runs.models import AgentRun, RunSchedule, ScheduleFiring, WebhookEvent, WebhookSource
+    from runs.models import AgentRun, RunSchedule, ScheduleFiring, ToolCall, WebhookEvent, WebhookSource
 
+    check_fills(AgentRun, RUNS_SQL)
+    check_fills(ToolCall, CALLS_SQL)
     have = AgentRun.objects.count()
     if have >= n:
         return
