@@ -20,6 +20,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from agents.models import Refund
+from agents.services import save_workflow
 from runs import approvals, executor, overview, reconcile, resume, services
 from runs import replay as rules
 from runs.models import AgentRun, Decision, PendingCall, RunStatus, ToolEffect, WaitKind
@@ -528,3 +529,20 @@ def test_a_chat_turn_that_waits_says_so_and_keeps_its_conversation_busy(server, 
                           params=script_params({"say": "You're welcome."}))
     assert after.status_code == 200 and frames[-1][1]["status"] == "success"
     assert Refund.objects.count() == 1
+
+
+# --- Workflows ---------------------------------------------------------------------------------------
+
+
+@db
+def test_a_workflow_step_that_asks_for_approval_stops_the_run_and_says_why(alice):
+    # Workflow runs cannot wait yet (README, "Approvals"): refused loudly, never a success without the answer.
+    save_workflow(name="refunds", graph={"steps": {"support": {"agent": "support"}, "triage": {"agent": "triage"}},
+                                         "chains": [["START", "support", "triage"]]})
+    run = run_now(agent_name="refunds", message="Refund order A-1001.", created_by=alice, params={"scripts": {
+        "support": [BIG_REFUND, REFUNDED], "triage": [{"say": "Filed."}]}})
+    assert (run.status, run.error_code) == (RunStatus.ERROR, "workflow_cannot_wait"), run.error_message
+    assert "issue_refund" in run.error_message and "cannot wait" in run.error_message
+    assert Refund.objects.count() == 0 and not PendingCall.objects.exists()
+    assert not ToolEffect.objects.filter(status="started").exists()
+    assert "triage" not in {step.step_name for step in run.steps.all()}  # no step ran on the unanswered output
