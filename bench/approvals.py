@@ -3,16 +3,20 @@
 Fills agentledger_bench_approvals with the desk benchmark's ledger (N runs over 30 days, see
 bench/desk_overview.py), measures the desk's first page (the peer: the same page on the same
 ledger before any run waits), then adds W waiting runs, each with its open PendingCall (written by
-INSERT … SELECT on the server), and parks --real runs for real: the scripted `support` agent asks
-for a refund's approval, in this process, through the executor. Then it measures:
+INSERT … SELECT generate_series on the server, every NOT NULL column filled), and parks --real runs
+for real: each `execute_run` task hands its run to this process's worker pool (runs.worker), where
+the scripted `support` agent asks for a refund's approval. Then it measures:
 
-- what the waiting runs hold: the heartbeat's runs in this process and the connections open on the
-  database once the process has released its idle pool (compared with before the runs waited);
+- what the waiting runs hold: the worker pool's busy slots, the runs under this process's
+  heartbeat, and the connections open on the database (pg_stat_activity) once the process has
+  released its idle ADK pool (compared with before the runs waited);
 - the desk page again (server time through Django's test client, median of --repeat; target
   ≤ 300 ms), its "Approvals waiting" count, and the ratio against the page before.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres \\
         .venv/bin/python bench/approvals.py --runs 1000000 --waiting 10000 [--keep]
+
+Smoke size (seconds; the figures mean nothing): --runs 1000 --waiting 100 --real 2 --repeat 1.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import time
 
 from _benchdb import bench_database
 from _common import row, save_results
-from desk_overview import TARGET_MS, fill, timed_get
+from desk_overview import TARGET_MS, check_fills, fill, timed_get
 
 os.environ.setdefault("ALLOWED_HOSTS", "testserver,127.0.0.1,localhost")
 
@@ -37,8 +41,9 @@ INSERT INTO agent_runs (
 SELECT md5('w' || i::text)::uuid, 'api', 'support', 'customer-' || (i %% 5000),
        '{"message": "refund", "params": {}}'::jsonb, '', '', '', 'waiting', 1, '', '', '["issue_refund"]'::jsonb,
        '', false, '', md5('ws' || i::text), '', now() - (i * interval '1 minute'), now() - (i * interval '1 minute'),
-       NULL, NULL, 'worker-' || (i %% 4), '[]'::jsonb, '', 'reuse', '', '', '', ''
+       NULL, NULL, '', '[]'::jsonb, '', 'reuse', '', '', '', ''
 FROM generate_series(1, %(w)s) AS i
+ON CONFLICT DO NOTHING
 """
 
 PENDING_SQL = """
@@ -48,6 +53,7 @@ SELECT md5('w' || i::text)::uuid, 'confirmation', 'c-' || i, 'adk-' || i, 'issue
        '{"order_id": "A-1", "amount_cents": 25000}'::jsonb, '', NULL, now() - (i * interval '1 minute'), '', '',
        false, NULL
 FROM generate_series(1, %(w)s) AS i
+ON CONFLICT DO NOTHING
 """
 
 
@@ -59,24 +65,38 @@ def connections_open() -> int:
         return cursor.fetchone()[0]
 
 
-def park_real_runs(count: int) -> list:
-    from runs import executor, services
+def park_real_runs(count: int) -> tuple[list, int, int]:
+    """Park `count` runs for real, as a worker does: each run is handed to a worker's run pool
+    (runs.worker, as `execute_run` does in a cluster), the scripted `support` agent asks for a refund's approval and
+    the run leaves the pool `waiting`. Returns the ids, and the pool's capacity and busy slots after."""
+    from django.conf import settings
 
+    from runs import services, worker
+    from runs.models import AgentRun, RunStatus
+
+    # The pool a cluster's worker process runs (`execute_run` submits to it there); made here
+    # without start_pool, whose drain at exit belongs to a worker process, not to this script.
+    pool = worker.RunPool(capacity=settings.RUN_CONCURRENCY)
     script = [{"call": "issue_refund", "args": {"order_id": "A-1001", "amount_cents": 25_000}}, {"say": "Refunded."}]
     ids = []
     for _ in range(count):
         run = services.start_run(agent_name="support", message="Refund", owner_id="bench",
                                  params={"script": script}, enqueue=False)
-        executor.execute(run.run_id)
+        assert pool.submit(run_id=run.run_id, wait_seconds=settings.RUN_SLOT_WAIT_SECONDS) == worker.STARTED
         ids.append(run.run_id)
-    return ids
+    deadline = time.monotonic() + 120
+    while AgentRun.objects.filter(pk__in=ids, status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).exists() or pool.in_flight:
+        if time.monotonic() > deadline:
+            raise SystemExit("the real runs did not park within 120 s")
+        time.sleep(0.05)
+    return ids, pool.capacity, pool.in_flight
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1_000_000)
     parser.add_argument("--waiting", type=int, default=10_000)
-    parser.add_argument("--real", type=int, default=20, help="runs parked for real through the executor")
+    parser.add_argument("--real", type=int, default=20, help="runs parked for real through a worker's pool")
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
@@ -95,6 +115,10 @@ def main() -> None:
         settings.SCRIPTED_FAULTS_ENABLED = True
         if "testserver" not in settings.ALLOWED_HOSTS:
             settings.ALLOWED_HOSTS.append("testserver")
+        from runs.models import PendingCall
+
+        check_fills(AgentRun, WAITING_SQL)
+        check_fills(PendingCall, PENDING_SQL)
         fill(args.runs)
         Customer.objects.get_or_create(email="jane@example.com", defaults={"name": "Jane", "contact_id": "C-1001"})
         user, _ = User.objects.get_or_create(username="bench-admin", defaults={"is_staff": True, "is_superuser": True})
@@ -108,7 +132,7 @@ def main() -> None:
             cursor.execute(PENDING_SQL, {"w": args.waiting})
             cursor.execute("ANALYZE agent_runs")
             cursor.execute("ANALYZE pending_calls")
-        parked = park_real_runs(args.real)
+        parked, slots, busy = park_real_runs(args.real)
         held = len(process_heartbeat().run_ids())
         # The executor's process keeps its ADK pool (idle connections, whatever waits): release it.
         # What stays open is this process's own (its ORM thread's), one whatever the number waiting.
@@ -122,8 +146,9 @@ def main() -> None:
         ratio = after_ms / before_ms if before_ms else None
         print(f"postgresql, {AgentRun.objects.count()} runs, {waiting} waiting ({really_parked} of {args.real} parked "
               f"for real), median of {args.repeat} requests")
-        print(f"held while waiting: {held} heartbeat runs in this process; connections on the database "
-              f"{connections_before} before, {connections_after} after")
+        print(f"held while waiting: {busy} of the worker pool's {slots} slots busy, {held} runs under this "
+              f"process's heartbeat; connections on the database (pg_stat_activity) {connections_before} before, "
+              f"{connections_after} after")
         print(f"desk overview before  {before_ms:8.1f} ms  {before_queries:3} queries")
         print(f"desk overview after   {after_ms:8.1f} ms  {after_queries:3} queries  (target ≤ {TARGET_MS} ms; "
               f"×{ratio:.2f} the page before)")
@@ -136,6 +161,7 @@ def main() -> None:
         save_results(
             "approvals",
             [
+                row("worker slots held by waiting runs", busy, "slots", target="0"),
                 row("heartbeat runs held by waiting runs", held, "runs", target="0"),
                 row("connections added by waiting runs", connections_after - connections_before, "connections"),
                 row("desk overview with waiting runs, server time", round(after_ms, 1), "ms",

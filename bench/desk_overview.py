@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
+import sys
 import time
 
 from _benchdb import bench_database
@@ -72,6 +74,19 @@ FROM generate_series(18, %(n)s - %(in_flight)s, 60) AS i
 """
 
 
+def unfilled_columns(model, sql: str) -> list[str]:
+    """The NOT NULL columns of `model`'s table that an INSERT … SELECT leaves out (a new column, say)."""
+    listed = set(re.findall(r"\w+", sql.split("SELECT", 1)[0].split("(", 1)[1]))
+    return [field.column for field in model._meta.concrete_fields
+            if not field.null and field.column not in listed and not field.get_internal_type().endswith("AutoField")]
+
+
+def check_fills(model, sql: str) -> None:
+    missing = unfilled_columns(model, sql)
+    if missing:
+        sys.exit(f"The benchmark's INSERT into {model._meta.db_table} leaves NOT NULL columns out: {', '.join(missing)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1_000_000)
@@ -89,8 +104,10 @@ def fill(n: int) -> None:
     from django.db import connection
     from django.utils import timezone
 
-    from runs.models import AgentRun, RunSchedule, ScheduleFiring, WebhookEvent, WebhookSource
+    from runs.models import AgentRun, RunSchedule, ScheduleFiring, ToolCall, WebhookEvent, WebhookSource
 
+    check_fills(AgentRun, RUNS_SQL)
+    check_fills(ToolCall, CALLS_SQL)
     have = AgentRun.objects.count()
     if have >= n:
         return

@@ -107,6 +107,14 @@ def waits_in(events: list[Event]) -> list[Wait]:
     return waits
 
 
+def asks_confirmation(event: Event) -> list[str]:
+    """The tools a confirmation request in `event` is about (empty when it asks nothing)."""
+    return [
+        ((call.args or {}).get("originalFunctionCall") or {}).get("name") or ""
+        for call in event.get_function_calls() if call.name == REQUEST_CONFIRMATION_FUNCTION_CALL_NAME
+    ]
+
+
 # --- Parking a run -----------------------------------------------------------------------------------
 
 

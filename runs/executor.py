@@ -138,6 +138,7 @@ async def _prepare_session(run: AgentRun, plan: ResumePlan | None) -> None:
 async def _run_events(
     runner: Runner, run: AgentRun, *, new_message: types.Content | None, abort_event: asyncio.Event,
     on_event: Callable[[Event], None] | None, seen: outcomes.RunEvents,
+    on_confirmation_request: Callable[[list[str]], None] | None = None,
 ) -> None:
     """Run the agent, noting what its events say in `seen` as they come (an exception keeps what came)."""
     async for event in runner.run_async(
@@ -157,6 +158,8 @@ async def _run_events(
             on_event(event)
         if not event.partial:
             seen.stored(event)
+            if on_confirmation_request is not None and (asked := approvals.asks_confirmation(event)):
+                on_confirmation_request(asked)
 
 
 async def run_agent(
@@ -194,9 +197,17 @@ async def run_agent(
     abort_event = asyncio.Event()
     control.attach(asyncio.get_running_loop(), abort_event)
     seen = outcomes.RunEvents()
+    asked_in_workflow: list[str] = []
+
+    def workflow_cannot_wait(tools: list[str]) -> None:
+        # Stop before a later step runs on the step's unanswered output (README, "Approvals").
+        asked_in_workflow.extend(tools)
+        control.abort(outcomes.WORKFLOW_CANNOT_WAIT)
+
     try:
         await _run_events(
-            runner, run, new_message=new_message, abort_event=abort_event, on_event=on_event, seen=seen
+            runner, run, new_message=new_message, abort_event=abort_event, on_event=on_event, seen=seen,
+            on_confirmation_request=workflow_cannot_wait if steps is not None else None,
         )
     except Exception as exc:  # noqa: BLE001 - every failure becomes the run's recorded outcome
         if leases.lease_lost_of(exc) is not None:
@@ -211,6 +222,9 @@ async def run_agent(
         await runner.close()
     if control.abort_reason == leases.LEASE_LOST:
         return Outcome(RunStatus.ERROR, leases.LEASE_LOST, "The worker no longer held the run, so it stopped it.")
+    if control.abort_reason == outcomes.WORKFLOW_CANNOT_WAIT:
+        return Outcome(RunStatus.ERROR, outcomes.WORKFLOW_CANNOT_WAIT,
+                       outcomes.workflow_cannot_wait_message(asked_in_workflow))
     if control.abort_reason is not None:
         aborted = outcomes.aborted(control.abort_reason)
         if aborted is not None:

@@ -126,6 +126,18 @@ CANCEL_REQUESTED = "cancel_requested"
 TIMEOUT = "timeout"
 CLIENT_DISCONNECTED = "client_disconnected"
 WORKER_SHUTDOWN = "worker_shutdown"
+# A workflow step's agent asked for a confirmation (or left a long-running call unanswered): a
+# workflow cannot wait durably yet, so the run stops there rather than going on without the answer.
+WORKFLOW_CANNOT_WAIT = "workflow_cannot_wait"
+
+
+def workflow_cannot_wait_message(tools: list[str]) -> str:
+    named = ", ".join(dict.fromkeys(tools)) or "a tool"
+    return (
+        f"A step of this workflow asked to wait ({named}: a person's approval or a long-running call's result). "
+        "Workflow runs cannot wait yet, so the run was stopped at that step and the call never ran; run the agent "
+        "that asks on its own (it waits durably there), or take the approval out of the workflow."
+    )
 
 INTERNAL_OUTCOME = Outcome(RunStatus.ERROR, "internal", "The worker stopped before the run finished.")
 
@@ -148,6 +160,8 @@ def aborted(reason: str) -> Outcome | None:
         )
     if reason == WORKER_SHUTDOWN:
         return Outcome(RunStatus.ERROR, WORKER_SHUTDOWN, worker_shutdown_message())
+    if reason == WORKFLOW_CANNOT_WAIT:
+        return Outcome(RunStatus.ERROR, WORKFLOW_CANNOT_WAIT, workflow_cannot_wait_message([]))
     if reason == TIMEOUT:
         return Outcome(
             RunStatus.ERROR,
@@ -189,6 +203,11 @@ def finished(seen: RunEvents, *, steps: RunStepRecorder | None, retries: RetryLo
         if code != "INVOCATION_ABORTED":
             return Outcome(RunStatus.ERROR, code.lower()[:64], message or code)
     if steps is not None:
+        waits = approvals.waits_in(seen.events)
+        if waits:
+            # A long-running call a step left unanswered (a confirmation request stops the run at once).
+            return Outcome(RunStatus.ERROR, WORKFLOW_CANNOT_WAIT,
+                           workflow_cannot_wait_message([wait.tool_name for wait in waits]))
         return Outcome(RunStatus.SUCCESS, result=output_text(steps.final_output), events=seen.events)
     waits = approvals.waits_in(seen.events)
     if waits:

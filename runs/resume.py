@@ -44,13 +44,15 @@ from google.genai import types
 from agents.models import AdkEvent
 from agents.registry import UnknownAgentError, fingerprint, get_agent_spec, workflow_fingerprint_of
 from agents.scripted import SCRIPT_STEP_KEY, ScriptPosition, resume_position
-from runs import chain
+from runs import approvals, chain
 from runs.chain import Successor
 from runs.models import (
     IN_FLIGHT,
     UNSETTLED,
     AgentRun,
+    Decision,
     EffectStatus,
+    PendingCall,
     RunStatus,
     SettledOutcome,
     ToolCall,
@@ -82,6 +84,7 @@ SETTLED_NOT_DONE = "answered from a settlement: not done"
 NOT_DONE = "answered: it did not happen"
 FAILED = "answered: it failed"
 IN_DOUBT = "in doubt: a person must settle it"
+FROM_DECISION = "answered from its recorded decision"
 
 
 # --- Facts ---------------------------------------------------------------------------------------
@@ -107,6 +110,9 @@ class ResumeFacts:
     fingerprint_now: str = ""
     # A run written later in the same session (a chat's next turn), other than this run's resumes.
     later_run: tuple[uuid.UUID, str] | None = None
+    # The answers a person (or the system, or an external system) gave the calls the run waited for,
+    # by the id of the call they answer: a confirmation request's, or a long-running call's.
+    decided: tuple[Answer, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -208,7 +214,13 @@ def gather_resume_facts(run: AgentRun, *, successors: tuple[Successor, ...] | No
         if part.get("function_response")
     }
     own_calls = [call for invocation, data in events if invocation == run.invocation_id for call in _calls_of(data)]
-    dangling = tuple((call.get("id") or "", call.get("name") or "") for call in own_calls if call.get("id") not in answered)
+    # A call that waited for its approval was answered once already ("requires confirmation"); once
+    # approved, its journal row says `called` again until its tool answers. The journal decides.
+    rearmed = {fact.call_id for fact in facts if fact.status == ToolCallStatus.CALLED}
+    dangling = tuple(
+        (call.get("id") or "", call.get("name") or "") for call in own_calls
+        if call.get("id") not in answered or call.get("id") in rearmed
+    )
     # The purge deletes the oldest events first: the chain's first user message is its oldest.
     root = chain_of(run)[-1]
     session_present = any(invocation == root.invocation_id and _is_user_message(data) for invocation, data in events)
@@ -223,6 +235,7 @@ def gather_resume_facts(run: AgentRun, *, successors: tuple[Successor, ...] | No
         .first()
     )
     return ResumeFacts(
+        decided=decided_answers(run),
         later_run=later,
         successors=successors,
         calls=calls,
@@ -287,9 +300,26 @@ def answer_for(call_id: str, tool_name: str, evidence: CallEvidence | None) -> A
                      effect)
 
 
+def decided_answers(run: AgentRun) -> tuple[Answer, ...]:
+    """The answers recorded for the calls `run` waited for (`runs.approvals`), as a resume hands them to ADK.
+
+    A worker that died after the decision but before the answers reached the session leaves the
+    confirmation request (or the long-running call) without a response: the decision is its evidence.
+    """
+    answers = []
+    for pending in PendingCall.objects.filter(run_id=run.run_id).exclude(decision="").exclude(
+            decision=Decision.CANCELLED):
+        response = approvals.response_for(pending)
+        answers.append(Answer(response.id or "", response.name or "", FROM_DECISION, response.response, ""))
+    return tuple(answers)
+
+
 def answers_for(facts: ResumeFacts) -> tuple[Answer, ...]:
     by_id = {evidence.fact.call_id: evidence for evidence in facts.calls}
-    return tuple(answer_for(call_id, tool, by_id.get(call_id)) for call_id, tool in facts.dangling)
+    decided = {answer.call_id: answer for answer in facts.decided}
+    return tuple(
+        decided.get(call_id) or answer_for(call_id, tool, by_id.get(call_id)) for call_id, tool in facts.dangling
+    )
 
 
 # --- The rules -------------------------------------------------------------------------------------

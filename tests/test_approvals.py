@@ -20,7 +20,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from agents.models import Refund
-from runs import approvals, executor, overview, reconcile, resume
+from agents.services import save_workflow
+from runs import approvals, executor, overview, reconcile, resume, services
 from runs import replay as rules
 from runs.models import AgentRun, Decision, PendingCall, RunStatus, ToolEffect, WaitKind
 from runs.refusals import AlreadyDecided, ApproveNotPermitted, RunWaiting
@@ -345,6 +346,27 @@ def test_a_decision_survives_the_worker_that_should_have_taken_it(alice, approve
 
 
 @db
+def test_a_run_that_died_before_its_answers_reached_adk_is_resumed_from_the_decision(alice, approver, admin_user):
+    # The attempt that took the approval was claimed and died before handing ADK the answers (as
+    # after a SIGKILL; tests/test_approvals_crash.py kills it for real): the decision is the evidence.
+    run, pending = waiting_refund(alice)
+    approvals.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="approve")
+    AgentRun.objects.filter(pk=run.pk).update(status=RunStatus.ERROR, error_code=reconcile.RECONCILED, attempts=2,
+                                              finished_at=timezone.now())
+    run.refresh_from_db()
+    decision = resume.decide_resume(run)
+    assert decision.allowed, decision.as_dict()
+    (answer,) = decision.answers
+    assert (answer.call_id, answer.kind, answer.response["confirmed"]) == (
+        pending.request_call_id, resume.FROM_DECISION, True)
+    continued = services.resume_run(run.run_id, actor=admin_user)
+    continued = execute(continued)
+    assert (continued.status, continued.result) == (RunStatus.SUCCESS, REFUNDED["say"]), continued.error_message
+    (refund,) = Refund.objects.all()
+    assert refund.call_id == pending.call_id
+
+
+@db
 def test_a_waiting_run_is_never_reconciled_nor_requeued(alice):
     run, _pending = waiting_refund(alice)
     reconcile.sweep(now=timezone.now() + timedelta(days=30))
@@ -369,6 +391,7 @@ def _child_runs_and_dies(script: list) -> str:
     return child.stdout.split()[0]
 
 
+@pytest.mark.slow
 @postgres_only
 @db
 def test_a_worker_killed_while_its_run_waits_leaves_it_waiting_and_an_approval_continues_it_once(approver):
@@ -389,6 +412,7 @@ def test_a_worker_killed_while_its_run_waits_leaves_it_waiting_and_an_approval_c
     assert Refund.objects.count() == 1
 
 
+@pytest.mark.slow
 @postgres_only
 @db
 def test_two_concurrent_decisions_on_one_call_take_one(alice, approver):
@@ -424,6 +448,7 @@ def test_two_concurrent_decisions_on_one_call_take_one(alice, approver):
     assert Refund.objects.count() == (1 if pending.decision == Decision.APPROVE else 0)
 
 
+@pytest.mark.slow
 @postgres_only
 @db
 def test_a_worker_killed_inside_the_approved_tool_leaves_it_in_doubt_never_done_twice(alice, approver):
@@ -504,3 +529,20 @@ def test_a_chat_turn_that_waits_says_so_and_keeps_its_conversation_busy(server, 
                           params=script_params({"say": "You're welcome."}))
     assert after.status_code == 200 and frames[-1][1]["status"] == "success"
     assert Refund.objects.count() == 1
+
+
+# --- Workflows ---------------------------------------------------------------------------------------
+
+
+@db
+def test_a_workflow_step_that_asks_for_approval_stops_the_run_and_says_why(alice):
+    # Workflow runs cannot wait yet (README, "Approvals"): refused loudly, never a success without the answer.
+    save_workflow(name="refunds", graph={"steps": {"support": {"agent": "support"}, "triage": {"agent": "triage"}},
+                                         "chains": [["START", "support", "triage"]]})
+    run = run_now(agent_name="refunds", message="Refund order A-1001.", created_by=alice, params={"scripts": {
+        "support": [BIG_REFUND, REFUNDED], "triage": [{"say": "Filed."}]}})
+    assert (run.status, run.error_code) == (RunStatus.ERROR, "workflow_cannot_wait"), run.error_message
+    assert "issue_refund" in run.error_message and "cannot wait" in run.error_message
+    assert Refund.objects.count() == 0 and not PendingCall.objects.exists()
+    assert not ToolEffect.objects.filter(status="started").exists()
+    assert "triage" not in {step.step_name for step in run.steps.all()}  # no step ran on the unanswered output

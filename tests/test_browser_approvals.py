@@ -1,0 +1,82 @@
+"""A person approves a waiting call from the run page, in a real headless Chromium against a live server.
+
+Debian's `chromium` and Playwright, as in tests/test_browser.py; skipped where the browser is absent.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from django.db import connection, connections
+
+from agents.models import Refund
+from runs import executor, lifecycle
+from runs.models import AgentRun, Decision, RunStatus
+from tests.test_approvals import BIG_REFUND, approver, waiting_refund  # noqa: F401 - fixture
+from tests.test_browser import CHROMIUM, chromium_page
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"Chromium is not installed at {CHROMIUM}"),
+]
+
+
+def test_an_approver_approves_a_waiting_refund_from_the_run_page(live_server, alice, approver, monkeypatch):  # noqa: F811
+    enqueued: list = []
+    # No worker runs beside the live server: the test executes the approved run itself.
+    monkeypatch.setattr(lifecycle, "enqueue_run", enqueued.append)
+    run, pending = waiting_refund(alice)
+    page_url = f"/admin/runs/agentrun/{run.run_id}/change/"
+
+    def work() -> None:
+        try:
+            executor.execute(run.run_id)
+        finally:
+            connection.close()
+
+    # Playwright's sync API runs an event loop in this thread (see tests/test_browser.py).
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with chromium_page() as page:
+        try:
+            page.goto(f"{live_server.url}/admin/login/?next={page_url}")
+            page.fill("#id_username", "ada")
+            page.fill("#id_password", "ada-pass-123")
+            page.click("input[type=submit]")
+            page.wait_for_url(f"**{page_url}")
+
+            waiting = page.locator(f'[id="waiting-{pending.call_id}"]')
+            assert page.locator("#waiting-calls h2").inner_text() == "Waiting for 1 call"
+            text = waiting.inner_text()
+            assert "issue_refund" in text and "waits for a person's approval" in text
+            assert "A-1001" in text and "25000" in text  # the arguments, as asked
+            assert page.locator(".field-status .readonly").inner_text().strip() == "waiting"
+
+            waiting.locator('input[name="decision"][value="approve"]').check()
+            waiting.locator('textarea[name="note"]').fill("Order A-1001 checked with the bank.")
+            waiting.locator('input[type="submit"][value="Decide"]').click()
+            page.wait_for_selector("ul.messagelist li")
+            assert "approved. The run goes on." in page.locator("ul.messagelist").inner_text()
+            assert enqueued == [run.run_id]
+            assert AgentRun.objects.get(pk=run.pk).status == RunStatus.QUEUED
+
+            worker = threading.Thread(target=work)
+            worker.start()
+            worker.join(timeout=120)
+            assert not worker.is_alive(), "the approved run did not finish"
+            page.goto(f"{live_server.url}{page_url}")
+            assert page.locator(".field-status .readonly").inner_text().strip() == "success"
+            assert page.locator("#waiting-calls h2").inner_text() == "Calls it waited for"
+            answered = page.locator(f'[id="answered-{pending.call_id}"]').inner_text()
+            assert "issue_refund" in answered and "ada" in answered and "Order A-1001 checked" in answered
+            assert page.locator(f'[id="waiting-{pending.call_id}"]').count() == 0
+        finally:
+            connections.close_all()
+    pending.refresh_from_db()
+    assert (pending.decision, pending.decided_by, pending.delivered_attempt) == (Decision.APPROVE, approver, 2)
+    (refund,) = Refund.objects.all()
+    assert (refund.order_id, refund.amount_cents, refund.call_id) == ("A-1001", BIG_REFUND["args"]["amount_cents"],
+                                                                      pending.call_id)
