@@ -23,7 +23,8 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, IntegrityError, connections, transaction
-from django.db.models import Max
+from django.db.models import Exists, JSONField, Max
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 from google.adk.plugins.base_plugin import BasePlugin
 from google.adk.sessions.database_session_service import DatabaseSessionService
@@ -255,6 +256,35 @@ def journal_tools(run_id: uuid.UUID) -> list[str]:
     return list(ToolCall.objects.filter(run_id=run_id).order_by("seq").values_list("tool_name", flat=True))
 
 
+def has_journal(run_id: uuid.UUID) -> Exists:
+    return Exists(ToolCall.objects.filter(run_id=run_id))
+
+
+class _JournalTools(RawSQL):
+    """`journal_tools` of the row being updated, as a JSON list in the UPDATE (same order: seq)."""
+
+    def __init__(self) -> None:
+        super().__init__("", [], output_field=JSONField())
+
+    def as_sql(self, compiler, connection):
+        runs, calls = connection.ops.quote_name(AgentRun._meta.db_table), connection.ops.quote_name(ToolCall._meta.db_table)
+        if connection.vendor == "postgresql":
+            return (
+                f"(SELECT jsonb_agg(c.tool_name ORDER BY c.seq) FROM {calls} c WHERE c.run_id = {runs}.run_id)", []
+            )
+        # SQLite before 3.44 has no ORDER BY inside an aggregate; it aggregates in the subquery's order.
+        return (
+            f"(SELECT json_group_array(c.tool_name) FROM (SELECT tool_name FROM {calls} "
+            f"WHERE run_id = {runs}.run_id ORDER BY seq) c)",
+            [],
+        )
+
+
+def journal_tools_sql() -> RawSQL:
+    """An UPDATE of agent_runs may set `tools_executed` to this: the journal's tools, read in place."""
+    return _JournalTools()
+
+
 class JournalPlugin(BasePlugin):
     """Records what the session cannot: a tool that raised (it never answers)."""
 
@@ -319,6 +349,15 @@ def derive_tools_executed(run: AgentRun) -> list[str] | None:
         from_journal = None
     if from_journal:
         return from_journal
+    return _tools_from_session(run, from_journal)
+
+
+def tools_without_journal(run: AgentRun) -> list[str]:
+    """`derive_tools_executed` for a run whose journal was just read empty (by the settle's UPDATE)."""
+    return _tools_from_session(run, []) or []
+
+
+def _tools_from_session(run: AgentRun, from_journal: list[str] | None) -> list[str] | None:
     try:
         from_session = session_tools(run)
     except (DatabaseError, ValueError, TypeError):
