@@ -60,7 +60,7 @@ from google.adk.sessions.migration import _schema_check_utils
 from google.adk.sessions.schemas.shared import timestamp_to_utc_datetime, utc_datetime_to_timestamp
 from google.adk.sessions.schemas.v1 import StorageAppState, StorageEvent, StorageSession, StorageUserState
 from google.adk.sessions.session import Session
-from sqlalchemy import Table, and_, bindparam, exists, inspect, literal_column, select, update
+from sqlalchemy import Table, and_, bindparam, column, exists, inspect, literal_column, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -109,19 +109,57 @@ _INSERT_EVENT = _EVENTS.insert()
 _EVENT_COLUMNS = [(prop.key, prop.columns[0].key) for prop in _EVENT_MAPPER.column_attrs]
 
 
-def _claim_then_insert(claim: Any) -> Any:
-    """One statement: the event row is inserted only if `claim` matched the session's revision."""
+def _claim_then_insert(claim: Any, *, rider: TextClause | None = None) -> Any:
+    """One statement: the event row is inserted only if `claim` matched the session's revision.
+
+    With a `rider` (PostgreSQL): its data-modifying statement joins as a later CTE, reading
+    `stored` (the inserted row, so it writes nothing when the event is not stored), still one
+    statement returning the event's id.
+    """
     claimed = claim.returning(_SESSIONS.c.id).cte("claimed")
     row = select(*(bindparam(f"e_{column}", type_=_EVENTS.c[column].type) for _, column in _EVENT_COLUMNS))
-    return (
+    insert = (
         _EVENTS.insert()
         .from_select([column for _, column in _EVENT_COLUMNS], row.select_from(claimed))
         .returning(_EVENTS.c.id)
     )
+    if rider is None:
+        return insert
+    stored = insert.cte("stored")
+    # Joined (LEFT, on true) rather than added: CTEs render in the order they are met, and the
+    # rider must come after the `stored` it reads. It returns a row per row it wrote, hence DISTINCT.
+    ride = rider.columns(column("n")).cte("ride")
+    return select(stored.c.id).distinct().select_from(stored.outerjoin(ride, true()))
 
 
 _APPEND = _claim_then_insert(_CLAIM)
 _APPEND_AND_MERGE = _claim_then_insert(_CLAIM_AND_MERGE)
+
+
+class AppendRider(Protocol):
+    """Writes that ride in an event's append statement on PostgreSQL instead of following it.
+
+    The ledger installs one (`runs.journal.AnswersRider`: the journal rows a function response
+    answers). `sql` is one data-modifying statement (`… RETURNING 1 AS n`) that reads the CTE
+    `stored` (the event row just inserted) and binds `k_ride_*` parameters; `params` gives them
+    for one event row, or None when the rider has nothing to write for it (the row's
+    `after_insert` hooks then do everything, as on SQLite). Only the statement is shared: the
+    rider and those hooks agree between themselves on who wrote what.
+    """
+
+    def sql(self) -> TextClause: ...
+
+    def params(self, row: StorageEvent) -> dict[str, Any] | None: ...
+
+
+_riders: list[AppendRider] = []
+_ridden: dict[tuple[bool, bool], Any] = {}
+
+
+def install_append_rider(rider: AppendRider) -> None:
+    """Let `rider` write in the append statement of every later event (PostgreSQL only)."""
+    _riders[:] = [rider]
+    _ridden.clear()
 
 
 class AppendFence(Protocol):
@@ -143,6 +181,8 @@ class AppendFence(Protocol):
 @dataclass(frozen=True)
 class _Fenced:
     fence: AppendFence
+    claim: Any
+    claim_and_merge: Any
     append: Any
     append_and_merge: Any
     claim_returning_state: Any
@@ -157,6 +197,7 @@ def install_append_fence(fence: AppendFence) -> None:
     """Guard every later append with `fence` (statements built once per dialect, on first use)."""
     _installed[:] = [fence]
     _fences.clear()
+    _ridden.clear()
 
 
 def _fenced(dialect: str) -> _Fenced | None:
@@ -168,6 +209,8 @@ def _fenced(dialect: str) -> _Fenced | None:
         condition = fence.condition(dialect)
         built = _Fenced(
             fence=fence,
+            claim=_CLAIM.where(condition),
+            claim_and_merge=_CLAIM_AND_MERGE.where(condition),
             append=_claim_then_insert(_CLAIM.where(condition)),
             append_and_merge=_claim_then_insert(_CLAIM_AND_MERGE.where(condition)),
             claim_returning_state=_CLAIM_RETURNING_STATE.where(condition),
@@ -175,6 +218,21 @@ def _fenced(dialect: str) -> _Fenced | None:
         )
         _fences[dialect] = built
     return built
+
+
+def _with_rider(fenced: _Fenced | None, *, merge: bool) -> Any:
+    """The append statement with the installed rider's CTE (built once per shape)."""
+    key = (fenced is not None, merge)
+    built = _ridden.get(key)
+    if built is None:
+        if fenced is not None:
+            claim = fenced.claim_and_merge if merge else fenced.claim
+        else:
+            claim = _CLAIM_AND_MERGE if merge else _CLAIM
+        built = _ridden[key] = _claim_then_insert(claim, rider=_riders[0].sql())
+    return built
+
+
 _APP_STATE_OF = select(_APP_STATES.c.state).where(_APP_STATES.c.app_name == bindparam("k_app"))
 _USER_STATE_OF = select(_USER_STATES.c.state).where(
     _USER_STATES.c.app_name == bindparam("k_app"), _USER_STATES.c.user_id == bindparam("k_user")
@@ -376,7 +434,13 @@ class SessionStore(DatabaseSessionService):
 
                 def claim_and_insert(values: dict[str, Any]) -> bool:
                     params = {**claim, **{f"e_{column}": value for column, value in values.items()}}
-                    return conn.execute(statement, params).first() is not None
+                    # Asked after the before_insert hooks, on the row as it will be stored.
+                    ride = _riders[0].params(row) if _riders else None
+                    chosen = statement
+                    if ride is not None:
+                        chosen = _with_rider(fenced, merge=bool(session_delta))
+                        params.update(ride)
+                    return conn.execute(chosen, params).first() is not None
 
                 if not _insert_event_row(conn, row, insert=claim_and_insert):
                     self._raise_lost_race(conn, session, event=event, fenced=fenced, claim=claim)

@@ -32,6 +32,7 @@ from google.adk.sessions.schemas.v1 import StorageEvent
 from google.adk.utils._function_call_names import REQUEST_CONFIRMATION_FUNCTION_CALL_NAME
 from sqlalchemy import event as sqlalchemy_event
 from sqlalchemy import text
+from sqlalchemy.sql.elements import TextClause
 
 from agents.mcp_answers import readable_answer
 from agents.models import AdkEvent
@@ -196,6 +197,8 @@ def _journal_with_the_event(mapper, connection, target: StorageEvent) -> None:
         else:
             raise DatabaseError(f"The call {call['call_id']!r} could not be journaled: no free seq after "
                                 f"{SEQ_ATTEMPTS} attempts.")
+    if getattr(target, _ANSWERS_RODE, False):
+        return  # written by the event's own statement (AnswersRider)
     for answer in answers:
         connection.execute(
             _ANSWER_CALL,
@@ -207,6 +210,53 @@ def _journal_with_the_event(mapper, connection, target: StorageEvent) -> None:
                 "summary": answer["summary"],
             },
         )
+
+
+# Set on an event row whose answers AnswersRider wrote in the append statement itself.
+_ANSWERS_RODE = "_agent_ledger_answers_rode"
+
+_ANSWER_CALLS_IN_THE_APPEND = text(
+    # _ANSWER_CALL for every answer of the event at once, as a CTE of its append (PostgreSQL):
+    # it reads `stored`, so it writes only if the event row went in, under the same fence.
+    "UPDATE tool_calls SET status = CASE WHEN tool_calls.status IN ('deduplicated', 'refused') "
+    "THEN tool_calls.status ELSE a.status END, answered_at = a.answered_at, response_summary = a.summary "
+    "FROM jsonb_to_recordset(CAST(:k_ride_answers AS jsonb)) "
+    "AS a(call_id text, status text, answered_at timestamptz, summary text) "
+    "WHERE tool_calls.run_id = :k_ride_run AND tool_calls.call_id = a.call_id AND EXISTS (SELECT 1 FROM stored) "
+    "RETURNING 1 AS n"
+)
+
+
+class AnswersRider:
+    """`agents.session_store`'s append rider: a function response marks the calls it answers in
+    its own event's statement (one statement and one round trip fewer per answer event).
+
+    Installed by `runs.apps`; PostgreSQL only (SQLite has no data-modifying CTE, and the
+    after_insert hook above writes the answers there, as it does for any event this does not take).
+    """
+
+    def sql(self) -> TextClause:
+        return _ANSWER_CALLS_IN_THE_APPEND
+
+    def params(self, row: StorageEvent) -> dict[str, Any] | None:
+        run_id, _calls, answers = journal_rows(row.event_data or {})
+        if run_id is None or not answers:
+            return None
+        setattr(row, _ANSWERS_RODE, True)
+        return {
+            "k_ride_run": _db_value("run", run_id),
+            "k_ride_answers": json.dumps(
+                [
+                    {
+                        "call_id": answer["call_id"],
+                        "status": answer["status"].value,
+                        "answered_at": answer["answered_at"].isoformat(),
+                        "summary": answer["summary"],
+                    }
+                    for answer in answers
+                ]
+            ),
+        }
 
 
 def journal_outside_the_session(event_data: dict, *, lease: uuid.UUID | None = None) -> None:
