@@ -60,7 +60,7 @@ from google.adk.sessions.migration import _schema_check_utils
 from google.adk.sessions.schemas.shared import timestamp_to_utc_datetime, utc_datetime_to_timestamp
 from google.adk.sessions.schemas.v1 import StorageAppState, StorageEvent, StorageSession, StorageUserState
 from google.adk.sessions.session import Session
-from sqlalchemy import Table, and_, bindparam, column, exists, inspect, literal_column, select, true, update
+from sqlalchemy import Table, and_, bindparam, column, exists, inspect, literal_column, select, text, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -109,7 +109,12 @@ _INSERT_EVENT = _EVENTS.insert()
 _EVENT_COLUMNS = [(prop.key, prop.columns[0].key) for prop in _EVENT_MAPPER.column_attrs]
 
 
-def _claim_then_insert(claim: Any, *, rider: TextClause | None = None) -> Any:
+# PostgreSQL's `SET LOCAL synchronous_commit = off`, as a condition of the event row's SELECT so
+# that it costs no statement of its own (set_config(…, true) is SET LOCAL; it is read at COMMIT).
+_COMMIT_MAY_LAG = text("set_config('synchronous_commit', 'off', true) = 'off'")
+
+
+def _claim_then_insert(claim: Any, *, rider: TextClause | None = None, lagging: bool = False) -> Any:
     """One statement: the event row is inserted only if `claim` matched the session's revision.
 
     With a `rider` (PostgreSQL): its data-modifying statement joins as a later CTE, reading
@@ -118,6 +123,8 @@ def _claim_then_insert(claim: Any, *, rider: TextClause | None = None) -> Any:
     """
     claimed = claim.returning(_SESSIONS.c.id).cte("claimed")
     row = select(*(bindparam(f"e_{column}", type_=_EVENTS.c[column].type) for _, column in _EVENT_COLUMNS))
+    if lagging:
+        row = row.where(_COMMIT_MAY_LAG)
     insert = (
         _EVENTS.insert()
         .from_select([column for _, column in _EVENT_COLUMNS], row.select_from(claimed))
@@ -153,7 +160,7 @@ class AppendRider(Protocol):
 
 
 _riders: list[AppendRider] = []
-_ridden: dict[tuple[bool, bool], Any] = {}
+_ridden: dict[tuple[bool, bool, bool], Any] = {}
 
 
 def install_append_rider(rider: AppendRider) -> None:
@@ -220,17 +227,37 @@ def _fenced(dialect: str) -> _Fenced | None:
     return built
 
 
-def _with_rider(fenced: _Fenced | None, *, merge: bool) -> Any:
-    """The append statement with the installed rider's CTE (built once per shape)."""
-    key = (fenced is not None, merge)
+def _append_statement(fenced: _Fenced | None, *, merge: bool, ride: bool, lagging: bool) -> Any:
+    """The PostgreSQL append statement of one shape (built once per shape)."""
+    if not ride and not lagging:
+        if fenced is not None:
+            return fenced.append_and_merge if merge else fenced.append
+        return _APPEND_AND_MERGE if merge else _APPEND
+    key = (fenced is not None, merge, ride, lagging)
     built = _ridden.get(key)
     if built is None:
         if fenced is not None:
             claim = fenced.claim_and_merge if merge else fenced.claim
         else:
             claim = _CLAIM_AND_MERGE if merge else _CLAIM
-        built = _ridden[key] = _claim_then_insert(claim, rider=_riders[0].sql())
+        built = _ridden[key] = _claim_then_insert(
+            claim, rider=_riders[0].sql() if ride else None, lagging=lagging
+        )
     return built
+
+
+def commit_may_lag(event: Event) -> bool:
+    """Whether an event's commit may reach the disk after the append returns (PostgreSQL).
+
+    Only an event without function calls: nothing acts on it before the next write that must be
+    durable. A function call's event (and the journal row written with it) is what a tool waits
+    for; it commits synchronously, and so flushes the write-ahead log up to it, every lagging
+    event before it included. The settle, effect records and every other write keep the
+    server's setting. A lagging commit is visible at once and survives any crash of the client;
+    only a crash of the database server within its WAL writer delay (200 ms by default) can lose
+    it, and then it is lost together with everything after it in the log, never out of order.
+    """
+    return not event.get_function_calls()
 
 
 _APP_STATE_OF = select(_APP_STATES.c.state).where(_APP_STATES.c.app_name == bindparam("k_app"))
@@ -319,7 +346,16 @@ def _insert_event_row(conn: Connection, row: StorageEvent, *, insert: Callable[[
 class SessionStore(DatabaseSessionService):
     """A DatabaseSessionService whose writes are compare-and-set statements, not locking reads."""
 
-    def __init__(self, db_url: str | None = None, db_engine: AsyncEngine | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        db_url: str | None = None,
+        db_engine: AsyncEngine | None = None,
+        *,
+        lagging_commits: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        # PostgreSQL: events without function calls commit with synchronous_commit off (commit_may_lag).
+        self._lagging_commits = lagging_commits
         if db_url is not None:
             # The stock service pings every checkout; this one recovers from a dead connection.
             kwargs.setdefault("pool_pre_ping", False)
@@ -425,22 +461,20 @@ class SessionStore(DatabaseSessionService):
             claim.update(fence_params)
         with conn.begin():
             if self._dialect == _POSTGRESQL:
-                if fenced is not None:
-                    statement = fenced.append_and_merge if session_delta else fenced.append
-                else:
-                    statement = _APPEND_AND_MERGE if session_delta else _APPEND
                 if session_delta:
                     claim["k_delta"] = session_delta
+                lagging = self._lagging_commits and commit_may_lag(event)
 
                 def claim_and_insert(values: dict[str, Any]) -> bool:
                     params = {**claim, **{f"e_{column}": value for column, value in values.items()}}
                     # Asked after the before_insert hooks, on the row as it will be stored.
                     ride = _riders[0].params(row) if _riders else None
-                    chosen = statement
                     if ride is not None:
-                        chosen = _with_rider(fenced, merge=bool(session_delta))
                         params.update(ride)
-                    return conn.execute(chosen, params).first() is not None
+                    statement = _append_statement(
+                        fenced, merge=bool(session_delta), ride=ride is not None, lagging=lagging
+                    )
+                    return conn.execute(statement, params).first() is not None
 
                 if not _insert_event_row(conn, row, insert=claim_and_insert):
                     self._raise_lost_race(conn, session, event=event, fenced=fenced, claim=claim)
