@@ -280,6 +280,10 @@ _INSERT_SESSION = (
         _USER_STATE_OF.scalar_subquery().label("user_state"),
     )
 )
+# A new session precedes no side effect either (commit_may_lag): its commit may lag the same way.
+_INSERT_SESSION_LAGGING = _INSERT_SESSION.returning(
+    literal_column("set_config('synchronous_commit', 'off', true)").label("commit_lags")
+)
 _READ_SESSION = (
     select(
         _SESSIONS.c.state,
@@ -586,8 +590,9 @@ class SessionStore(DatabaseSessionService):
             if deltas["user"]:
                 user_state = self._merge_state_row(conn, _USER_STATES, user_keys, deltas["user"], now)
             values = {"k_app": app_name, "k_user": user_id, "k_session": session_id, "k_state": deltas["session"]}
+            insert = _INSERT_SESSION_LAGGING if self._lagging_commits and self._dialect == _POSTGRESQL else _INSERT_SESSION
             try:
-                inserted = conn.execute(_INSERT_SESSION, {**values, "k_now": now}).one()
+                inserted = conn.execute(insert, {**values, "k_now": now}).one()
             except IntegrityError:
                 raise AlreadyExistsError(f"Session with id {session_id} already exists.") from None
             if app_state is None:

@@ -597,13 +597,15 @@ def commit_settings(service: SessionStore) -> Iterator[list[str]]:
 @postgres_only
 def test_only_events_without_function_calls_commit_without_waiting_for_the_disk(store, app):
     ledger_run = make_run()
-    session = run(store.create_session(app_name=app, user_id="u"))
+    run(store.prepare_tables())  # once per service, before anything it stores
     with commit_settings(store) as seen:
+        session = run(store.create_session(app_name=app, user_id="u"))
         run(store.append_event(session, user_event(content=types.Content(role="user", parts=[types.Part(text="hi")]))))
         run(store.append_event(session, _function_call_event(ledger_run.run_id, "call-1")))
         run(store.append_event(session, _function_response_event(ledger_run.run_id, "call-1")))
         run(store.append_event(session, user_event(state_delta={"k": 1})))
-    assert seen == ["off", "on", "off", "off"]
+    # The session, the user's message, the call (its tool waits for it), its answer, a state change.
+    assert seen == ["off", "off", "on", "off", "off"]
 
 
 @postgres_only
@@ -613,10 +615,11 @@ def test_every_commit_waits_for_the_disk_when_lagging_commits_are_off(app):
 
     strict = run(make())
     try:
-        session = run(strict.create_session(app_name=app, user_id="u"))
+        run(strict.prepare_tables())
         with commit_settings(strict) as seen:
+            session = run(strict.create_session(app_name=app, user_id="u"))
             run(strict.append_event(session, user_event(content=types.Content(role="user", parts=[types.Part(text="hi")]))))
-        assert seen == ["on"]
+        assert seen == ["on", "on"]
     finally:
         run(strict.db_engine.dispose())
 
