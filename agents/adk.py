@@ -87,7 +87,7 @@ def create_adk_engine(*, pooled: bool = True) -> AsyncEngine:
 
 
 def create_session_service(*, pooled: bool = True) -> SessionStore:
-    return SessionStore(db_engine=create_adk_engine(pooled=pooled))
+    return SessionStore(db_engine=create_adk_engine(pooled=pooled), lagging_commits=settings.EVENT_COMMITS_MAY_LAG)
 
 
 _services: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, SessionStore]]

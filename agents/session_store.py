@@ -62,7 +62,7 @@ from google.adk.sessions.migration import _schema_check_utils
 from google.adk.sessions.schemas.shared import timestamp_to_utc_datetime, utc_datetime_to_timestamp
 from google.adk.sessions.schemas.v1 import StorageAppState, StorageEvent, StorageSession, StorageUserState
 from google.adk.sessions.session import Session
-from sqlalchemy import Table, and_, bindparam, exists, inspect, literal_column, select, update
+from sqlalchemy import Table, and_, bindparam, column, exists, inspect, literal_column, select, text, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -121,19 +121,64 @@ _INSERT_EVENT = _EVENTS.insert()
 _EVENT_COLUMNS = [(prop.key, prop.columns[0].key) for prop in _EVENT_MAPPER.column_attrs]
 
 
-def _claim_then_insert(claim: Any) -> Any:
-    """One statement: the event row is inserted only if `claim` matched the session's revision."""
+# PostgreSQL's `SET LOCAL synchronous_commit = off`, as a condition of the event row's SELECT so
+# that it costs no statement of its own (set_config(…, true) is SET LOCAL; it is read at COMMIT).
+_COMMIT_MAY_LAG = text("set_config('synchronous_commit', 'off', true) = 'off'")
+
+
+def _claim_then_insert(claim: Any, *, rider: TextClause | None = None, lagging: bool = False) -> Any:
+    """One statement: the event row is inserted only if `claim` matched the session's revision.
+
+    With a `rider` (PostgreSQL): its data-modifying statement joins as a later CTE, reading
+    `stored` (the inserted row, so it writes nothing when the event is not stored), still one
+    statement returning the event's id.
+    """
     claimed = claim.returning(_SESSIONS.c.id).cte("claimed")
     row = select(*(bindparam(f"e_{column}", type_=_EVENTS.c[column].type) for _, column in _EVENT_COLUMNS))
-    return (
+    if lagging:
+        row = row.where(_COMMIT_MAY_LAG)
+    insert = (
         _EVENTS.insert()
         .from_select([column for _, column in _EVENT_COLUMNS], row.select_from(claimed))
         .returning(_EVENTS.c.id)
     )
+    if rider is None:
+        return insert
+    stored = insert.cte("stored")
+    # Joined (LEFT, on true) rather than added: CTEs render in the order they are met, and the
+    # rider must come after the `stored` it reads. It returns a row per row it wrote, hence DISTINCT.
+    ride = rider.columns(column("n")).cte("ride")
+    return select(stored.c.id).distinct().select_from(stored.outerjoin(ride, true()))
 
 
 _APPEND = _claim_then_insert(_CLAIM)
 _APPEND_AND_MERGE = _claim_then_insert(_CLAIM_AND_MERGE)
+
+
+class AppendRider(Protocol):
+    """Writes that ride in an event's append statement on PostgreSQL instead of following it.
+
+    The ledger installs one (`runs.journal.AnswersRider`: the journal rows a function response
+    answers). `sql` is one data-modifying statement (`… RETURNING 1 AS n`) that reads the CTE
+    `stored` (the event row just inserted) and binds `k_ride_*` parameters; `params` gives them
+    for one event row, or None when the rider has nothing to write for it (the row's
+    `after_insert` hooks then do everything, as on SQLite). Only the statement is shared: the
+    rider and those hooks agree between themselves on who wrote what.
+    """
+
+    def sql(self) -> TextClause: ...
+
+    def params(self, row: StorageEvent) -> dict[str, Any] | None: ...
+
+
+_riders: list[AppendRider] = []
+_ridden: dict[tuple[bool, bool, bool], Any] = {}
+
+
+def install_append_rider(rider: AppendRider) -> None:
+    """Let `rider` write in the append statement of every later event (PostgreSQL only)."""
+    _riders[:] = [rider]
+    _ridden.clear()
 
 
 class AppendFence(Protocol):
@@ -155,6 +200,8 @@ class AppendFence(Protocol):
 @dataclass(frozen=True)
 class _Fenced:
     fence: AppendFence
+    claim: Any
+    claim_and_merge: Any
     append: Any
     append_and_merge: Any
     claim_returning_state: Any
@@ -169,6 +216,7 @@ def install_append_fence(fence: AppendFence) -> None:
     """Guard every later append with `fence` (statements built once per dialect, on first use)."""
     _installed[:] = [fence]
     _fences.clear()
+    _ridden.clear()
 
 
 def _fenced(dialect: str) -> _Fenced | None:
@@ -180,6 +228,8 @@ def _fenced(dialect: str) -> _Fenced | None:
         condition = fence.condition(dialect)
         built = _Fenced(
             fence=fence,
+            claim=_CLAIM.where(condition),
+            claim_and_merge=_CLAIM_AND_MERGE.where(condition),
             append=_claim_then_insert(_CLAIM.where(condition)),
             append_and_merge=_claim_then_insert(_CLAIM_AND_MERGE.where(condition)),
             claim_returning_state=_CLAIM_RETURNING_STATE.where(condition),
@@ -187,6 +237,41 @@ def _fenced(dialect: str) -> _Fenced | None:
         )
         _fences[dialect] = built
     return built
+
+
+def _append_statement(fenced: _Fenced | None, *, merge: bool, ride: bool, lagging: bool) -> Any:
+    """The PostgreSQL append statement of one shape (built once per shape)."""
+    if not ride and not lagging:
+        if fenced is not None:
+            return fenced.append_and_merge if merge else fenced.append
+        return _APPEND_AND_MERGE if merge else _APPEND
+    key = (fenced is not None, merge, ride, lagging)
+    built = _ridden.get(key)
+    if built is None:
+        if fenced is not None:
+            claim = fenced.claim_and_merge if merge else fenced.claim
+        else:
+            claim = _CLAIM_AND_MERGE if merge else _CLAIM
+        built = _ridden[key] = _claim_then_insert(
+            claim, rider=_riders[0].sql() if ride else None, lagging=lagging
+        )
+    return built
+
+
+def commit_may_lag(event: Event) -> bool:
+    """Whether an event's commit may reach the disk after the append returns (PostgreSQL).
+
+    Only an event without function calls: nothing acts on it before the next write that must be
+    durable. A function call's event (and the journal row written with it) is what a tool waits
+    for; it commits synchronously, and so flushes the write-ahead log up to it, every lagging
+    event before it included. The settle, effect records and every other write keep the
+    server's setting. A lagging commit is visible at once and survives any crash of the client;
+    only a crash of the database server within its WAL writer delay (200 ms by default) can lose
+    it, and then it is lost together with everything after it in the log, never out of order.
+    """
+    return not event.get_function_calls()
+
+
 _APP_STATE_OF = select(_APP_STATES.c.state).where(_APP_STATES.c.app_name == bindparam("k_app"))
 _USER_STATE_OF = select(_USER_STATES.c.state).where(
     _USER_STATES.c.app_name == bindparam("k_app"), _USER_STATES.c.user_id == bindparam("k_user")
@@ -206,6 +291,10 @@ _INSERT_SESSION = (
         _APP_STATE_OF.scalar_subquery().label("app_state"),
         _USER_STATE_OF.scalar_subquery().label("user_state"),
     )
+)
+# A new session precedes no side effect either (commit_may_lag): its commit may lag the same way.
+_INSERT_SESSION_LAGGING = _INSERT_SESSION.returning(
+    literal_column("set_config('synchronous_commit', 'off', true)").label("commit_lags")
 )
 _READ_SESSION = (
     select(
@@ -286,7 +375,16 @@ def _insert_event_row(conn: Connection, row: StorageEvent, *, insert: Callable[[
 class SessionStore(DatabaseSessionService):
     """A DatabaseSessionService whose writes are compare-and-set statements, not locking reads."""
 
-    def __init__(self, db_url: str | None = None, db_engine: AsyncEngine | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        db_url: str | None = None,
+        db_engine: AsyncEngine | None = None,
+        *,
+        lagging_commits: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        # PostgreSQL: events without function calls commit with synchronous_commit off (commit_may_lag).
+        self._lagging_commits = lagging_commits
         if db_url is not None:
             # The stock service pings every checkout; this one recovers from a dead connection.
             kwargs.setdefault("pool_pre_ping", False)
@@ -392,15 +490,19 @@ class SessionStore(DatabaseSessionService):
             claim.update(fence_params)
         with conn.begin():
             if self._dialect == _POSTGRESQL:
-                if fenced is not None:
-                    statement = fenced.append_and_merge if session_delta else fenced.append
-                else:
-                    statement = _APPEND_AND_MERGE if session_delta else _APPEND
                 if session_delta:
                     claim["k_delta"] = session_delta
+                lagging = self._lagging_commits and commit_may_lag(event)
 
                 def claim_and_insert(values: dict[str, Any]) -> bool:
                     params = {**claim, **{f"e_{column}": value for column, value in values.items()}}
+                    # Asked after the before_insert hooks, on the row as it will be stored.
+                    ride = _riders[0].params(row) if _riders else None
+                    if ride is not None:
+                        params.update(ride)
+                    statement = _append_statement(
+                        fenced, merge=bool(session_delta), ride=ride is not None, lagging=lagging
+                    )
                     return conn.execute(statement, params).first() is not None
 
                 if not _insert_event_row(conn, row, insert=claim_and_insert):
@@ -544,8 +646,9 @@ class SessionStore(DatabaseSessionService):
             if deltas["user"]:
                 user_state = self._merge_state_row(conn, _USER_STATES, user_keys, deltas["user"], now)
             values = {"k_app": app_name, "k_user": user_id, "k_session": session_id, "k_state": deltas["session"]}
+            insert = _INSERT_SESSION_LAGGING if self._lagging_commits and self._dialect == _POSTGRESQL else _INSERT_SESSION
             try:
-                inserted = conn.execute(_INSERT_SESSION, {**values, "k_now": now}).one()
+                inserted = conn.execute(insert, {**values, "k_now": now}).one()
             except IntegrityError:
                 raise AlreadyExistsError(f"Session with id {session_id} already exists.") from None
             if app_state is None:

@@ -176,6 +176,10 @@ _RUN_CONCURRENCY_FOR_POOL = env_int("RUN_CONCURRENCY", 100, minimum=1)
 ADK_DB_POOL_SIZE = env_int("ADK_DB_POOL_SIZE", max(3, _RUN_CONCURRENCY_FOR_POOL // 10), minimum=1)
 ADK_DB_MAX_OVERFLOW = env_int("ADK_DB_MAX_OVERFLOW", max(2, _RUN_CONCURRENCY_FOR_POOL // 10), minimum=0)
 ADK_DB_POOL_RECYCLE_SECONDS = env_int("ADK_DB_POOL_RECYCLE_SECONDS", 300, minimum=1)
+# PostgreSQL: an event without function calls commits with synchronous_commit off; a function
+# call's event (its journal row), effect records and the settle always wait for the disk
+# (agents.session_store.commit_may_lag, README "Durability and commits").
+EVENT_COMMITS_MAY_LAG = env_bool("EVENT_COMMITS_MAY_LAG", True)
 
 CACHES = {
     # django-q2 writes cluster stats every half second: keep that off the database.

@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connections, transaction
 from django.utils import timezone
 from google.adk.events.event import Event
 
@@ -181,29 +181,54 @@ def clean_limit(limit: Any) -> int | None:
 
 
 def ingest(*, agent: str, owner_id: str, items: Sequence[Remembered]) -> int:
-    """Store the items in the scope; an event already stored is skipped. Returns how many are new."""
+    """Store the items in the scope; an event already stored is skipped. Returns how many are new.
+
+    One `INSERT … ON CONFLICT DO NOTHING RETURNING`: the unique (agent, owner, event) constraint
+    skips what is stored already (and settles a race with a concurrent writer), and the rows that
+    come back are the new ones. No read first. Django's bulk_create(ignore_conflicts=True) can
+    not say which rows went in, hence the SQL (SQLite has RETURNING from 3.35).
+    """
     if not items:
         return 0
-    scoped = MemoryEntry.objects.for_scope(agent=agent, owner_id=owner_id)
-    by_event = {item.event_id: item for item in items}
-    known = set(scoped.filter(event_id__in=list(by_event)).values_list("event_id", flat=True))
-    rows = [
-        MemoryEntry(
-            agent_name=agent,
-            owner_id=owner_id,
-            event_id=item.event_id,
-            author=item.author,
-            text=item.text,
-            session_id=item.session_id,
-            run_id=item.run_id,
-            timestamp=item.timestamp,
-        )
-        for event_id, item in by_event.items()
-        if event_id not in known
-    ]
-    # The unique constraint settles a race with a concurrent writer of the same events.
-    MemoryEntry.objects.bulk_create(rows, ignore_conflicts=True)
-    return len(rows)
+    by_event = list({item.event_id: item for item in items}.values())
+    now = timezone.now()
+    return sum(
+        _insert_new(agent=agent, owner_id=owner_id, items=by_event[start : start + INGEST_CHUNK], now=now)
+        for start in range(0, len(by_event), INGEST_CHUNK)
+    )
+
+
+# Rows per INSERT: nine parameters each, far below SQLite's limit of 32766.
+INGEST_CHUNK = 500
+
+
+def _insert_new(*, agent: str, owner_id: str, items: Sequence[Remembered], now: datetime) -> int:
+    connection = connections[MemoryEntry.objects.db]
+    fields = [MemoryEntry._meta.get_field(name) for name in _INGESTED]
+    rows = []
+    params: list[Any] = []
+    for item in items:
+        values = {
+            "agent_name": agent, "owner_id": owner_id, "event_id": item.event_id, "author": item.author,
+            "text": item.text, "session_id": item.session_id, "run_id": item.run_id,
+            "timestamp": item.timestamp, "added_at": now,
+        }
+        rows.append(f"({', '.join(['%s'] * len(fields))})")
+        params.extend(field.get_db_prep_save(values[field.name], connection) for field in fields)
+    quote = connection.ops.quote_name
+    sql = (
+        f"INSERT INTO {quote(MemoryEntry._meta.db_table)} ({', '.join(quote(field.column) for field in fields)}) "
+        f"VALUES {', '.join(rows)} ON CONFLICT ({', '.join(quote(name) for name in _SCOPE_EVENT)}) DO NOTHING "
+        f"RETURNING {quote('id')}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return len(cursor.fetchall())
+
+
+_INGESTED = ("agent_name", "owner_id", "event_id", "author", "text", "session_id", "run_id", "timestamp", "added_at")
+# The columns of the unique constraint memory_scope_event.
+_SCOPE_EVENT = ("agent_name", "owner_id", "event_id")
 
 
 def remember_session(*, agent: str, owner_id: str, session_id: str, invocation_id: str, run_id: uuid.UUID) -> int:

@@ -15,16 +15,18 @@ class RunsConfig(AppConfig):
         # Each worker process of a django-q2 cluster keeps many runs in flight (runs.worker).
         from django_q.signals import post_spawn
 
-        from agents.session_store import install_append_fence
+        from agents.session_store import install_append_fence, install_append_rider
         from runs import (
             deaths,
-            journal,  # noqa: F401
+            journal,
             leases,
             worker,
         )
 
         # An event of a run is stored only while its attempt still holds the run.
         install_append_fence(leases.EventFence())
+        # A function response's journal rows are written by its event's own statement.
+        install_append_rider(journal.AnswersRider())
         # A cluster's sentinel reconciles (and recovers) a dead worker's runs at once.
         deaths.watch_worker_deaths()
 

@@ -310,9 +310,10 @@ class EffectsPlugin(BasePlugin):
             self._stamped.update(stamped)
         return None
 
-    async def _intent_id(self) -> str:
+    def _intent_id(self) -> str:
+        """On the ORM thread, inside the first claim's hop (it may read the run's chain)."""
         if self._intent is None:
-            self._intent = await sync_to_async(intent_id)(self.run)
+            self._intent = intent_id(self.run)
         return self._intent
 
     async def before_tool_callback(self, *, tool, tool_args, tool_context):
@@ -329,15 +330,21 @@ class EffectsPlugin(BasePlugin):
             business_key = effect.business_key(tool_args or {})
         except KeyArgumentMissing:
             return None  # the tool itself refuses a call without its arguments
-        claim = await sync_to_async(claim_effect)(
-            run_id=self.run.run_id,
-            call_id=call_id,
-            intent=await self._intent_id(),
-            tool=tool.name,
-            business_key=business_key,
-            stable_fields=json_safe(effect.stable_fields(tool_args or {})),
-            lease=self.run.lease,
-        )
+        stable_fields = json_safe(effect.stable_fields(tool_args or {}))
+
+        def claim_it():
+            # The run's intent is worked out in the same hop to the ORM thread as the claim.
+            return claim_effect(
+                run_id=self.run.run_id,
+                call_id=call_id,
+                intent=self._intent_id(),
+                tool=tool.name,
+                business_key=business_key,
+                stable_fields=stable_fields,
+                lease=self.run.lease,
+            )
+
+        claim = await sync_to_async(claim_it)()
         if claim.kind == "run":
             self._owned[call_id] = claim.key
             return None

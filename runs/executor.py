@@ -62,6 +62,8 @@ class RunControl:
     def __init__(self, run_id: uuid.UUID):
         self.run_id = run_id
         self.run: AgentRun | None = None  # the claimed row, as it was when claimed
+        # Whether the run's scripted faults happen, worked out at the claim (no hop of its own).
+        self.faults_honoured: bool | None = None
         self.abort_reason: str | None = None
         self.cancelled_by_request = False
         self.started_monotonic = time.monotonic()
@@ -169,7 +171,10 @@ async def run_agent(
     plugin = JournalPlugin(run.run_id, lease=run.lease)
     # Journal first, then effects: the effect class is stamped on the event the journal records.
     # Scripted tool faults sit either side of the effects plugin, at every tool's boundary.
-    plugins = [plugin, *faults.around_effects(EffectsPlugin(run), honoured=await sync_to_async(faults_honoured)(run))]
+    honoured = control.faults_honoured
+    if honoured is None:
+        honoured = await sync_to_async(faults_honoured)(run)
+    plugins = [plugin, *faults.around_effects(EffectsPlugin(run), honoured=honoured)]
     retries = retry_log_for(run)
     steps = RunStepRecorder(run.run_id, lease=run.lease) if run.workflow else None
     # A resumed run continues its original's session: no new user message, an answer for each
@@ -264,6 +269,7 @@ def begin(run_id: uuid.UUID, control: RunControl) -> bool:
         logger.info("Run %s was not claimed: it is no longer queued", run_id)
         return False
     control.run = run
+    control.faults_honoured = faults_honoured(run)
     control.start()
     return True
 
@@ -336,12 +342,17 @@ def execute(run_id: uuid.UUID) -> str:
 
 
 async def drive(
-    run_id: uuid.UUID, control: RunControl, *, on_event: Callable[[Event], None] | None = None
+    run_id: uuid.UUID, control: RunControl, *, on_event: Callable[[Event], None] | None = None,
+    connection_checked: bool = False,
 ) -> Outcome:
-    """Run a claimed run on the running loop and settle it, whatever happens (the `finally`)."""
+    """Run a claimed run on the running loop and settle it, whatever happens (the `finally`).
+
+    `connection_checked`: the caller already dropped a broken ORM-thread connection in its own hop.
+    """
     outcome = outcomes.INTERNAL_OUTCOME
     try:
-        await sync_to_async(drop_unusable_connection)()
+        if not connection_checked:
+            await sync_to_async(drop_unusable_connection)()
         outcome = await run_claimed(run_id, control, on_event=on_event)
     finally:
         await sync_to_async(finish)(run_id, control, outcome)
@@ -355,6 +366,11 @@ async def aexecute(
 
     The caller keeps `control` to abort the run (e.g. when its client goes away).
     """
-    if not await sync_to_async(begin)(run_id, control):
+    def checked_and_begun() -> bool:
+        # One hop to the ORM thread for both: its connection checked, then the claim on it.
+        drop_unusable_connection()
+        return begin(run_id, control)
+
+    if not await sync_to_async(checked_and_begun)():
         return None
-    return await drive(run_id, control, on_event=on_event)
+    return await drive(run_id, control, on_event=on_event, connection_checked=True)

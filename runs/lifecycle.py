@@ -13,7 +13,7 @@ import socket
 import uuid
 from dataclasses import dataclass, field
 
-from django.db import transaction
+from django.db import DatabaseError, connections, transaction
 from django.db.models import F
 from django.utils import timezone
 from django_q.tasks import async_task
@@ -53,11 +53,34 @@ def claim_run(*, run_id: uuid.UUID, worker: str) -> bool:
 
 
 def claim_and_load_run(*, run_id: uuid.UUID, worker: str) -> AgentRun | None:
-    """Claim the run and read it back in one transaction; None if it was no longer queued."""
-    with transaction.atomic():
-        if not claim_run(run_id=run_id, worker=worker):
-            return None
-        return AgentRun.objects.get(pk=run_id)
+    """Claim the run and read it back in one statement; None if it was no longer queued.
+
+    `UPDATE … WHERE status = 'queued' RETURNING` every column: the same conditional write as
+    `claim_run`, and the row as claimed, in one round trip and one commit (PostgreSQL, and SQLite
+    from 3.35). Django's `update()` returns only a count, hence the SQL.
+    """
+    connection = connections[AgentRun.objects.db]
+    fields = AgentRun._meta.concrete_fields
+
+    def quote(name: str) -> str:
+        return connection.ops.quote_name(AgentRun._meta.get_field(name).column)
+
+    def value(name: str, raw: object) -> object:
+        return AgentRun._meta.get_field(name).get_db_prep_save(raw, connection)
+
+    now = timezone.now()
+    sql = (
+        f"UPDATE {connection.ops.quote_name(AgentRun._meta.db_table)} SET {quote('status')} = %s, {quote('started_at')} = %s, "
+        f"{quote('heartbeat_at')} = %s, {quote('attempts')} = {quote('attempts')} + 1, {quote('worker')} = %s, "
+        f"{quote('lease')} = %s WHERE {quote('run_id')} = %s AND {quote('status')} = %s "
+        f"RETURNING {', '.join(connection.ops.quote_name(field.column) for field in fields)}"
+    )
+    params = [
+        RunStatus.RUNNING.value, value("started_at", now), value("heartbeat_at", now), worker,
+        value("lease", leases.new_lease()), value("run_id", run_id), RunStatus.QUEUED.value,
+    ]
+    claimed = list(AgentRun.objects.raw(sql, params))
+    return claimed[0] if claimed else None
 
 
 def beat(*, run_id: uuid.UUID) -> bool:
@@ -122,24 +145,47 @@ def settle_run(
     `run` (the row as claimed) saves reading it again; its identity fields and lease are used.
     Returns True if this outcome became the run's status.
     """
-    with transaction.atomic():
+    # No savepoint: inside the worker's transaction (with the memories it feeds) a failure here
+    # fails the whole commit anyway, and alone this is the outermost block.
+    with transaction.atomic(savepoint=False):
         if run is None:
             run = AgentRun.objects.get(pk=run_id)
-        tools = journal.derive_tools_executed(run)
         now = timezone.now()
-        settled = leases.held(run_id=run_id, lease=run.lease).update(
-            status=status,
-            error_code=error_code[:64],
-            error_message=error_message,
-            result=result,
-            tools_executed=tools,
-            finished_at=now,
-        )
+        outcome = {
+            "status": status,
+            "error_code": error_code[:64],
+            "error_message": error_message,
+            "result": result,
+            "finished_at": now,
+        }
+        # A journal with rows is the truth (journal.derive_tools_executed): the UPDATE itself
+        # reads it, so a run that called tools settles in one statement.
+        try:
+            settled = (
+                leases.held(run_id=run_id, lease=run.lease)
+                .filter(journal.has_journal(run_id))
+                .update(**outcome, tools_executed=journal.journal_tools_sql())
+            )
+            journal_read = True
+        except DatabaseError:
+            logger.exception("Run %s: the tool journal could not be read", run_id)
+            settled, journal_read = 0, False
+        if not settled and not journal_read:
+            settled = leases.held(run_id=run_id, lease=run.lease).update(
+                **outcome, tools_executed=journal.derive_tools_executed(run)
+            )
+        elif not settled:
+            # No journal rows, or no longer held (then this matches nothing either, and the late
+            # outcome below reads the journal): the session is the evidence.
+            settled = leases.held(run_id=run_id, lease=run.lease).update(
+                **outcome, tools_executed=journal.tools_without_journal(run)
+            )
         if run.workflow:
             # Whatever verdict stands, the worker is done with the run's steps.
             settle_unfinished_steps(run_id=run_id)
         if settled:
             return True
+        tools = journal.derive_tools_executed(run)
         # Someone settled it first (a reconciler that thought the worker dead): record what the
         # worker saw without overwriting the first verdict (and only on the attempt it held).
         AgentRun.objects.filter(pk=run_id, lease=run.lease).update(

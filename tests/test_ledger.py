@@ -167,6 +167,8 @@ def test_tools_executed_is_null_when_neither_journal_nor_session_can_be_read(mon
         raise DatabaseError("unavailable")
 
     monkeypatch.setattr(journal, "journal_tools", unreadable)
+    # The settle reads the journal inside its UPDATE.
+    monkeypatch.setattr(journal, "has_journal", unreadable)
     monkeypatch.setattr(journal, "session_tools", unreadable)
     run = run_now(params=script_params(SEND_EMAIL, {"fail": "error", "message": "lost"}))
 

@@ -604,6 +604,86 @@ def test_a_function_call_is_journaled_with_its_event_and_not_without_it(store, a
     assert AdkEvent.objects.filter(session_id=session.id).count() == 1
 
 
+def _function_response_event(run_id: uuid.UUID, call_id: str) -> Event:
+    return Event(
+        invocation_id="inv",
+        author="support",
+        custom_metadata={"run_id": str(run_id)},
+        content=types.Content(
+            role="user",
+            parts=[types.Part(function_response=types.FunctionResponse(id=call_id, name="send_email",
+                                                                       response={"status": "sent"}))],
+        ),
+    )
+
+
+def test_a_function_response_answers_its_call_in_the_events_own_statement(store, app):
+    ledger_run = make_run()
+    session = run(store.create_session(app_name=app, user_id="u"))
+    run(store.append_event(session, _function_call_event(ledger_run.run_id, "call-1")))
+    stale = run(store.get_session(app_name=app, user_id="u", session_id=session.id))
+    run(store.append_event(session, user_event(content=types.Content(role="user", parts=[types.Part(text="x")]))))
+
+    # A refused answer leaves the call as it was.
+    with pytest.raises(StaleSessionError):
+        run(store.append_event(stale, _function_response_event(ledger_run.run_id, "call-1")))
+    assert ToolCall.objects.get(run=ledger_run).status == ToolCallStatus.CALLED
+
+    with statements(store) as sent:
+        run(store.append_event(session, _function_response_event(ledger_run.run_id, "call-1")))
+    call = ToolCall.objects.get(run=ledger_run)
+    assert (call.status, json.loads(call.response_summary)) == (ToolCallStatus.ANSWERED, {"status": "sent"})
+    assert call.answered_at is not None
+    # PostgreSQL: one statement (the answer is a CTE of the append); SQLite: the hook's UPDATE after it.
+    assert sent == (["WITH", "COMMIT"] if connection.vendor == "postgresql" else ["UPDATE", "INSERT", "UPDATE", "COMMIT"])
+
+
+@contextmanager
+def commit_settings(service: SessionStore) -> Iterator[list[str]]:
+    """synchronous_commit as each of `service`'s transactions commits (PostgreSQL)."""
+    seen: list[str] = []
+
+    def on_commit(conn):
+        seen.append(conn.exec_driver_sql("SHOW synchronous_commit").scalar())
+
+    engine = service.db_engine.sync_engine
+    sqlalchemy_event.listen(engine, "commit", on_commit)
+    try:
+        yield seen
+    finally:
+        sqlalchemy_event.remove(engine, "commit", on_commit)
+
+
+@postgres_only
+def test_only_events_without_function_calls_commit_without_waiting_for_the_disk(store, app):
+    ledger_run = make_run()
+    run(store.prepare_tables())  # once per service, before anything it stores
+    with commit_settings(store) as seen:
+        session = run(store.create_session(app_name=app, user_id="u"))
+        run(store.append_event(session, user_event(content=types.Content(role="user", parts=[types.Part(text="hi")]))))
+        run(store.append_event(session, _function_call_event(ledger_run.run_id, "call-1")))
+        run(store.append_event(session, _function_response_event(ledger_run.run_id, "call-1")))
+        run(store.append_event(session, user_event(state_delta={"k": 1})))
+    # The session, the user's message, the call (its tool waits for it), its answer, a state change.
+    assert seen == ["off", "off", "on", "off", "off"]
+
+
+@postgres_only
+def test_every_commit_waits_for_the_disk_when_lagging_commits_are_off(app):
+    async def make() -> SessionStore:
+        return SessionStore(db_engine=create_adk_engine(), lagging_commits=False)
+
+    strict = run(make())
+    try:
+        run(strict.prepare_tables())
+        with commit_settings(strict) as seen:
+            session = run(strict.create_session(app_name=app, user_id="u"))
+            run(strict.append_event(session, user_event(content=types.Content(role="user", parts=[types.Part(text="hi")]))))
+        assert seen == ["on", "on"]
+    finally:
+        run(strict.db_engine.dispose())
+
+
 # --- A dead pooled connection ----------------------------------------------------------------------
 
 
