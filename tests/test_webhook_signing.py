@@ -275,6 +275,7 @@ def test_a_missing_signature_says_what_to_sign_for_the_source(by_header, body_on
     nothing_stored()
 
 
+@processed_by_a_run
 def test_several_digests_are_accepted_when_one_is_right(by_header, enqueued):
     body = event_body()
     rotating = signing.sign_timestamped([OLD_SECRET, SECRET], body, message_id="m-1")
