@@ -298,6 +298,7 @@ def test_a_missing_signature_is_not_accepted(by_header, body_only, enqueued, log
     nothing_stored()
 
 
+@processed_by_a_run
 def test_several_digests_are_accepted_when_one_is_right(by_header, enqueued, log):
     body = event_body()
     rotating = signing.sign_timestamped([OLD_SECRET, SECRET], body, message_id="m-1")
