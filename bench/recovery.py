@@ -8,8 +8,8 @@ note not yet) and times, from the kill, the moment the run's chain (the run and 
 the system started for it) ends in success. Each chain must hold exactly one email and one note.
 
 Then the lost machine: the whole cluster is SIGKILLed (no parent is left to notice) and a second
-cluster stands for the other machines; the run is found by heartbeat staleness alone and
-continued by the periodic sweep.
+cluster stands for the other machines; the run is found by heartbeat staleness alone, in that
+cluster's own sweep every few seconds (`runs.sweeper`), and continued.
 
 Last, the price of fencing per durable event: statements, round trips and commits of one
 function-call event with its journal row, unfenced (a run without a lease, as before) and fenced

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import psycopg
 from django.conf import settings
 from google.adk.events.event import Event
 from google.genai import errors as genai_errors
@@ -65,6 +66,40 @@ def rate_limit_message(exc: genai_errors.ClientError, retries: RetryLog | None) 
     )
 
 
+DATABASE_LOST = "database_lost"
+
+
+def database_lost_of(exc: BaseException | None) -> BaseException | None:
+    """The lost database connection behind an error (ADK's plugins and SQLAlchemy wrap it), if any.
+
+    PostgreSQL's driver says so with an error of the connection class (08…), an operator's or a
+    shutdown's intervention (57P…: pg_terminate_backend, a restart), or an error raised by the
+    client itself with no state ("server closed the connection unexpectedly"); a statement's own
+    failure (a timeout, a lock not available) is not one.
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, psycopg.InterfaceError) or (
+            isinstance(exc, psycopg.OperationalError) and _connection_state(getattr(exc, "sqlstate", None))
+        ):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _connection_state(sqlstate: str | None) -> bool:
+    return sqlstate is None or sqlstate.startswith(("08", "57P"))
+
+
+def database_lost_message(exc: BaseException) -> str:
+    return (
+        "The worker lost its connection to the database while the run was in flight "
+        f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}): the run did not fail on "
+        "its own. What it did before is in its journal."
+    )
+
+
 def describe_exception(exc: BaseException, plugin: JournalPlugin, retries: RetryLog | None = None) -> Outcome:
     in_doubt = effect_in_doubt_of(exc)
     if in_doubt is not None:
@@ -80,6 +115,9 @@ def describe_exception(exc: BaseException, plugin: JournalPlugin, retries: Retry
         return Outcome(RunStatus.ERROR, "rate_limited", rate_limit_message(exc, retries))
     if isinstance(exc, genai_errors.APIError | ScriptedModelError):
         return Outcome(RunStatus.ERROR, "model_error", f"The model call failed: {exc}")
+    lost = database_lost_of(exc)
+    if lost is not None:
+        return Outcome(RunStatus.ERROR, DATABASE_LOST, database_lost_message(lost))
     return Outcome(RunStatus.ERROR, "agent_error", f"{type(exc).__name__}: {exc}")
 
 

@@ -17,6 +17,7 @@ EXCEPTION_OUTCOMES = {
     "tool_failed": f"A tool failed while the agent ran; {SEE_THE_DESK}",
     "agent_error": f"The agent failed; {SEE_THE_DESK}",
     "internal": f"The worker could not run the agent; {SEE_THE_DESK}",
+    "database_lost": f"The worker lost its connection to the database while the run was in flight; {SEE_THE_DESK}",
 }
 STEP_FAILED = f"This step failed; {SEE_THE_DESK}"
 # "SomeError: text" / "module.SomeError: text": how an exception's class leads a stored message.

@@ -28,7 +28,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents.models import AdkEvent
-from runs import chain, reconcile, services
+from runs import chain, outcomes, reconcile, services
 from runs.counters import RECOVERIES
 from runs.models import AgentRun, Recovery, RunStatus, ToolCall, Trigger
 from runs.refusals import SessionGone
@@ -38,8 +38,9 @@ logger = logging.getLogger(__name__)
 
 RECOVERED = "recovered"
 WORKER_SHUTDOWN = "worker_shutdown"
-# The deaths the system may continue from: a reconciliation, a drain's abort.
-RECOVERABLE_CODES = (reconcile.RECONCILED, WORKER_SHUTDOWN)
+# The deaths the system may continue from: a reconciliation, a drain's abort, a run whose worker lost
+# its database connection under it (a restart, pg_terminate_backend, a network fault).
+RECOVERABLE_CODES = (reconcile.RECONCILED, WORKER_SHUTDOWN, outcomes.DATABASE_LOST)
 # How far back the sweep looks for runs to continue: a run that died long ago is a person's.
 HORIZON = timedelta(hours=1)
 

@@ -11,8 +11,14 @@ and the cluster goes on delivering results.
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
 import signal
+import socket
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -28,6 +34,7 @@ from tests.helpers import (
     chain_ids,
     cluster_pids,
     postgres_only,
+    run_python,
     script_params,
     start_cluster,
     stop_cluster,
@@ -193,5 +200,137 @@ def test_the_database_ends_the_clusters_connections_with_runs_in_flight(tmp_path
         wait_until(lambda: all(chain_end(run).status == RunStatus.SUCCESS for run in later), timeout=60,
                    what="runs started after the fault to succeed")
         assert {int(chain_end(run).worker.rsplit(":", 1)[1]) for run in later} <= set(pids["worker"])
+    finally:
+        stop_cluster(cluster)
+
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+class PrivatePostgres:
+    """A PostgreSQL server of this test's own (initdb in a temporary directory, another port), so it
+    can be restarted: the shared server is never touched. Run as the `postgres` user when the test
+    runs as root (the server refuses root)."""
+
+    def __init__(self) -> None:
+        self.directory = Path(tempfile.mkdtemp(prefix="ledger-pg-"))
+        self.data = self.directory / "data"
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.user = "postgres" if os.geteuid() == 0 else None
+        if self.user:
+            os.chown(self.directory, pwd.getpwnam(self.user).pw_uid, pwd.getpwnam(self.user).pw_gid)
+        self._run(PG_BIN / "initdb", "-D", self.data, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8")
+
+    def _run(self, *command: object, check: bool = True) -> subprocess.CompletedProcess:
+        argv = [str(part) for part in command]
+        if self.user:
+            argv = ["runuser", "-u", self.user, "--", *argv]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=check)
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._run(PG_BIN / "pg_ctl", "-D", self.data, "-o", options, "-l", self.directory / "server.log", "-w", "start")
+
+    def restart(self) -> None:
+        # `fast`: every session is ended (57P01), as a restart of the service does.
+        self._run(PG_BIN / "pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop")
+        self.start()
+
+    def stop(self) -> None:
+        self._run(PG_BIN / "pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop", check=False)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def url(self, database: str) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/{database}"
+
+
+def _sql(url: str, query: str, *params) -> list[tuple]:
+    import psycopg
+
+    with psycopg.connect(url.replace("postgres://", "postgresql://"), autocommit=True) as db:
+        cursor = db.execute(query, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def _chain_on(url: str, run_id) -> list[tuple]:
+    """(run_id, status, error_code, recovery, recovery_detail) of the run and its continuations."""
+    chain = _sql(url, "SELECT run_id, status, error_code, recovery, recovery_detail FROM agent_runs WHERE run_id = %s",
+                 run_id)
+    while nxt := _sql(url, "SELECT run_id, status, error_code, recovery, recovery_detail FROM agent_runs "
+                           "WHERE resume_of_id = %s OR replay_of_id = %s", chain[-1][0], chain[-1][0]):
+        chain.append(nxt[0])
+    return chain
+
+
+@pytest.fixture
+def private_postgres():
+    if not (PG_BIN / "initdb").exists() or (os.geteuid() == 0 and shutil.which("runuser") is None):
+        pytest.skip(f"needs PostgreSQL's server binaries in {PG_BIN} (and runuser when run as root)")
+    server = PrivatePostgres()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_postgresql_restart_with_runs_in_flight(private_postgres, tmp_path):
+    server = private_postgres
+    _sql(server.url("postgres"), "CREATE DATABASE ledger")
+    url = server.url("ledger")
+    # The test database's schema, copied: quicker than migrating again.
+    test_db = connection.settings_dict
+    source = [str(PG_BIN / "pg_dump"), "--no-owner", "-h", test_db.get("HOST") or "127.0.0.1",
+              "-p", str(test_db.get("PORT") or 5432), "-U", test_db.get("USER") or "postgres", test_db["NAME"]]
+    schema = "".join(
+        subprocess.run(source + extra, capture_output=True, text=True, check=True, timeout=120).stdout
+        # ADK's sessions read their schema version from their metadata table's one row.
+        for extra in (["--schema-only"], ["--data-only", "-t", "adk_internal_metadata"])
+    )
+    subprocess.run([str(PG_BIN / "psql"), "-q", "-v", "ON_ERROR_STOP=1", url.replace("postgres://", "postgresql://")],
+                   input=schema, capture_output=True, text=True, check=True, timeout=120)
+    log = tmp_path / "cluster.log"
+    cluster = start_cluster(log, DATABASE_URL=url, **FAST)
+    try:
+        wait_for_cluster(log, cluster)
+        started = run_python(
+            "from runs import services\n"
+            "for i in range(6):\n"
+            "    run = services.start_run(agent_name='support', message=f'Email customer {i}.', owner_id=f'c{i}',\n"
+            "        params={'script': [{'call': 'send_email', 'args': {'to': f'c{i}@example.com', 'subject': 'Hi',\n"
+            "            'body': 'Hello.'}}, {'call': 'update_crm', 'args': {'contact_id': 'C-1001', 'note': 'Done.'},\n"
+            "            'latency': 1}, {'say': 'Done.', 'latency': 0.5}]})\n"
+            "    print(run.run_id)\n",
+            DATABASE_URL=url, **FAST,
+        )
+        assert started.returncode == 0, started.stderr[-3000:]
+        run_ids = started.stdout.split()
+        wait_until(lambda: _sql(url, "SELECT 1 FROM tool_calls WHERE tool_name = 'send_email' AND status = 'answered'"),
+                   timeout=90, what="an email sent")
+        server.restart()
+
+        def settled() -> bool:
+            ends = [_chain_on(url, run_id)[-1] for run_id in run_ids]
+            return all(status == "success" or (status in ("error", "cancelled") and recovery in ("needs_person", "exhausted"))
+                       for _id, status, _code, recovery, _detail in ends)
+
+        try:
+            wait_until(settled, timeout=SETTLE_SECONDS, step=0.5, what="every run to finish or wait for a person")
+        except AssertionError as timed_out:
+            raise AssertionError(f"{timed_out}: {[_chain_on(url, run_id)[-1][1:4] for run_id in run_ids]}") from None
+        for run_id in run_ids:
+            chain = _chain_on(url, run_id)
+            ids = [row[0] for row in chain]
+            assert not [row for row in chain if row[1] == "queued"]
+            emails = _sql(url, "SELECT count(*) FROM agents_outboxemail WHERE run_id = ANY(%s)", ids)[0][0]
+            notes = _sql(url, "SELECT count(*) FROM agents_crmnote WHERE run_id = ANY(%s)", ids)[0][0]
+            assert emails <= 1 and notes <= 1, (run_id, emails, notes)
+            _id, status, code, recovery, detail = chain[-1]
+            if status == "success":
+                assert (emails, notes) == (1, 1)
+            else:
+                assert recovery == "needs_person" and "doubt" in detail, (code, recovery, detail)
     finally:
         stop_cluster(cluster)

@@ -59,7 +59,7 @@ def _execute(run: AgentRun) -> AgentRun:
 
 
 @db
-@pytest.mark.parametrize("died_as", [reconcile.RECONCILED, outcomes.WORKER_SHUTDOWN])
+@pytest.mark.parametrize("died_as", [reconcile.RECONCILED, outcomes.WORKER_SHUTDOWN, outcomes.DATABASE_LOST])
 def test_a_run_that_died_between_two_tools_is_continued_by_the_system(died_as, model_down_at_second_call):
     original = _died_between_two_tools(model_down_at_second_call, error_code=died_as)
     resumed = recovery.recover(run_id=original.run_id)
@@ -77,6 +77,27 @@ def test_a_run_that_died_between_two_tools_is_continued_by_the_system(died_as, m
     # Deciding again changes nothing: a run has one successor.
     assert recovery.recover(run_id=original.run_id) is None
     assert AgentRun.objects.filter(resume_of=original).count() == 1
+
+
+def test_a_lost_database_connection_is_told_from_a_statement_that_failed():
+    import psycopg
+    from psycopg import errors
+
+    def wrapped(error):
+        try:
+            try:
+                raise error
+            except Exception as cause:
+                raise RuntimeError("Error in plugin 'agent_ledger_effects'") from cause
+        except RuntimeError as outer:
+            return outer
+
+    closed = psycopg.OperationalError("server closed the connection unexpectedly")
+    assert outcomes.database_lost_of(wrapped(closed)) is closed
+    assert outcomes.database_lost_of(wrapped(errors.AdminShutdown("terminating connection"))) is not None
+    assert outcomes.database_lost_of(wrapped(psycopg.InterfaceError("the connection is closed"))) is not None
+    assert outcomes.database_lost_of(wrapped(errors.QueryCanceled("statement timeout"))) is None
+    assert outcomes.database_lost_of(wrapped(ValueError("no"))) is None
 
 
 @db
