@@ -65,6 +65,15 @@ def connections_open() -> int:
         return cursor.fetchone()[0]
 
 
+def connection_list() -> list[tuple]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid = pg_backend_pid(), application_name, state, left(query, 60) FROM pg_stat_activity "
+                       "WHERE datname = current_database()")
+        return cursor.fetchall()
+
+
 def park_real_runs(count: int) -> tuple[list, int, int]:
     """Park `count` runs for real, as a worker does: each run is handed to a worker's run pool
     (runs.worker, as `execute_run` does in a cluster), the scripted `support` agent asks for a refund's approval and
@@ -90,6 +99,16 @@ def park_real_runs(count: int) -> tuple[list, int, int]:
             raise SystemExit("the real runs did not park within 120 s")
         time.sleep(0.05)
     return ids, pool.capacity, pool.in_flight
+
+
+def slowest_queries(client, path: str, count: int) -> list[tuple[float, str]]:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as captured:
+        client.get(path)
+    timed = [(float(query["time"]) * 1000, " ".join(query["sql"].split())) for query in captured.captured_queries]
+    return sorted(timed, reverse=True)[:count]
 
 
 def main() -> None:
@@ -130,14 +149,16 @@ def main() -> None:
         with connection.cursor() as cursor:
             cursor.execute(WAITING_SQL, {"w": args.waiting})
             cursor.execute(PENDING_SQL, {"w": args.waiting})
-            cursor.execute("ANALYZE agent_runs")
-            cursor.execute("ANALYZE pending_calls")
+            # What autovacuum does to a live table (as bench/desk_overview.py's fill does).
+            cursor.execute("VACUUM ANALYZE agent_runs")
+            cursor.execute("VACUUM ANALYZE pending_calls")
         parked, slots, busy = park_real_runs(args.real)
         held = len(process_heartbeat().run_ids())
         # The executor's process keeps its ADK pool (idle connections, whatever waits): release it.
         # What stays open is this process's own (its ORM thread's), one whatever the number waiting.
         release_process_resources()
         connections_after = connections_open()
+        print("connections open after the runs waited:", connection_list())
         waiting = AgentRun.objects.filter(status=RunStatus.WAITING).count()
         really_parked = AgentRun.objects.filter(pk__in=parked, status=RunStatus.WAITING).count()
 
@@ -153,6 +174,9 @@ def main() -> None:
         print(f"desk overview after   {after_ms:8.1f} ms  {after_queries:3} queries  (target ≤ {TARGET_MS} ms; "
               f"×{ratio:.2f} the page before)")
         print(f"Approvals waiting on the desk: {counted}; shown on the page: {b'Approvals waiting' in page}")
+        print("the page's slowest queries (one more request):")
+        for took, sql in slowest_queries(client, "/admin/desk/", 5):
+            print(f"  {took:8.1f} ms  {sql[:160]}")
         for label, query in (("count of open calls", lambda: overview.capped_count(overview.open_pending_calls())),
                              ("oldest open call", overview.oldest_pending_call)):
             started = time.perf_counter()
