@@ -166,8 +166,11 @@ def clean_query(query: Any) -> str:
 
 
 def clean_limit(limit: Any) -> int | None:
-    if limit is None or limit == "":
+    if limit is None:
         return None
+    if limit == "":
+        # `?limit=` is a value that is not a number, not the default.
+        raise InvalidLimit("limit is empty: give a whole number, or leave the parameter out.")
     try:
         number = int(limit)
     except (TypeError, ValueError):

@@ -1,7 +1,8 @@
 """What the fuzzer is told about this API, shared by the in-process fuzz test and the live run.
 
-Three formats of the schema name rules no JSON Schema keyword can state, and the fuzzer is told
-what they mean here: `printable` (not blank, no character of Unicode's category C), `cursor`
+Four formats of the schema name rules no JSON Schema keyword can state, and the fuzzer is told
+what they mean here: `printable` (not blank, no character of Unicode's category C),
+`plain-words` (a person's note: no control character but line breaks and tabs, nothing invisible), `cursor`
 (the `next`/`previous` links of a page this API answered) and `search-words` (a memory query
 with at least one word that is not a very common one). `prepare` makes a positive case about a
 run name one of the seeded runs, and a positive workflow body a valid graph; `filter_failure`
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+import keyword
 import re
 import unicodedata
 import uuid
@@ -25,6 +27,8 @@ from hypothesis import strategies as st
 
 from agents import services as agent_services
 from agents.demo import DEMO_WORKFLOW
+from agents.registry import AGENTS
+from config.lib.text import hidden_character
 from memory import services as memory_services
 from runs.models import AgentRun, RunStatus
 from tests.factories import make_run, with_journal
@@ -53,6 +57,12 @@ schemathesis.openapi.format(
 
 
 schemathesis.openapi.format(
+    "plain-words",
+    st.text(
+        st.characters(exclude_categories=["Cc", "Cf", "Cs"]) | st.sampled_from("\n\t"), min_size=1, max_size=80
+    ).filter(lambda text: bool(text.strip()) and hidden_character(text) is None),
+)
+schemathesis.openapi.format(
     "search-words",
     st.text(st.characters(exclude_categories=["C"]), min_size=1, max_size=40).filter(
         lambda text: _printable(text) and bool(memory_services.search_terms(text))
@@ -69,14 +79,16 @@ def workflow_made_valid(case):
     """A valid workflow body, made valid in what its schema cannot say.
 
     The schema states the graph's shape; that chains name the steps, lead from START without a
-    cycle and end once, and that a name is new, are rules no JSON Schema can state. A positive
-    body keeps its generated name (made new), step names and options, as one chain of agent steps.
+    cycle and end once, that a step name is no Python keyword, and that a name is new, are rules no
+    JSON Schema can state. A positive body keeps its generated name (made new), step names and
+    options, as one chain of agent steps.
     """
     body = case.body
     steps = {}
     for index, (name, spec) in enumerate(body["graph"]["steps"].items()):
         options = {key: spec[key] for key in ("retry", "timeout") if key in spec}
-        steps[name if re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,63}", name) else f"step{index}"] = {
+        usable = re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,63}", name) and not keyword.iskeyword(name) and name != "START"
+        steps[name if usable else f"step{index}"] = {
             "agent": "support", **options
         }
     suffix = f"_{_RUN_MARK}{next(_written)}"
@@ -120,6 +132,16 @@ def prepare(case) -> None:
         return
     if "run_id" in (case.path_parameters or {}):
         case.path_parameters["run_id"] = str(SEEDED_RUN_IDS[len(repr(case.body)) % len(SEEDED_RUN_IDS)])
+    if (
+        case.path == "/api/runs/"
+        and isinstance(case.body, dict)
+        and isinstance(case.body.get("agent"), str)
+        and case.body["agent"] not in AGENTS
+        and agent_services.workflow_snapshot(case.body["agent"]) is None
+    ):
+        # The schema names the workflows there were when it was loaded; one the fuzzer has
+        # deleted since is no valid choice any more.
+        case.body["agent"] = "support"
     if (
         case.path in ("/api/workflows/", "/api/workflows/{name}/")
         and case.method.upper() in ("POST", "PUT")

@@ -141,6 +141,15 @@ def test_a_settle_note_may_span_lines(settler):
     assert response.status_code == 200, response.content
 
 
+def test_the_schema_says_what_a_settle_note_may_hold(settler):
+    schema = api(settler).get("/api/schema/", {"format": "json"}).json()
+    note = schema["components"]["schemas"]["SettleRequestRequest"]["properties"]["note"]
+    # A format of the API's own (tests/fuzz_hooks.py tells the fuzzer what it means): a request
+    # the schema calls valid is one the note rule accepts.
+    assert note["format"] == "plain-words"
+    assert "bidi" in note["description"]
+
+
 # --- Hosts and sizes --------------------------------------------------------------------------------------
 
 

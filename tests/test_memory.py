@@ -175,6 +175,7 @@ def test_the_api_accepts_a_session_login_and_refuses_anonymous_callers(client, a
         ({"agent": "support", "owner_id": "alice", "q": "x" * 2001}, "empty_query", "limit is 2000"),
         ({"agent": "support", "owner_id": "alice", "q": "Lyon", "limit": "ten"}, "invalid_limit", "not a whole number"),
         ({"agent": "support", "owner_id": "alice", "q": "Lyon", "limit": "0"}, "invalid_limit", "between 1 and 100"),
+        ({"agent": "support", "owner_id": "alice", "q": "Lyon", "limit": ""}, "invalid_limit", "limit is empty"),
         ({"agent": "support", "owner_id": "a" * 129, "q": "Lyon"}, "missing_scope", "longer than 128"),
     ],
 )

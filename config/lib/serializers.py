@@ -15,6 +15,10 @@ IGNORED_FORM_FIELDS = {"csrfmiddlewaretoken"}
 # Unicode's category C (controls, formatting, private use, unassigned): not blank, printable. No
 # pattern can say "category C" (it depends on the Unicode version), so it is a format of its own.
 PRINTABLE = "printable"
+# A person's words shown to other people (config.lib.text): not blank, no control character but
+# line breaks and tabs, no invisible formatting character (bidi overrides, zero-width marks). A
+# format of its own for the same reason as PRINTABLE.
+PLAIN_WORDS = "plain-words"
 # A message: any text without NUL, not blank.
 NOT_BLANK_TEXT = r"^[^\x00]*[^\s\x00][^\x00]*$"
 # A person's required words (config.lib.refusals.required_text): not blank once stripped.

@@ -13,6 +13,7 @@ from agents.registry import runnable_agents
 from config.lib import safe_json
 from config.lib.serializers import (
     NOT_BLANK_TEXT,
+    PLAIN_WORDS,
     PRINTABLE,
     SOME_WORD,
     StrictBooleanField,
@@ -195,8 +196,11 @@ class SettleRequestSerializer(StrictSerializer):
         choices=SettledOutcome.choices, help_text="done: the call acted; not_done: it did not."
     )
     note = StrictCharField(
-        allow_blank=True, max_length=MAX_NOTE_CHARS, trim_whitespace=False, schema={"pattern": SOME_WORD},
-        help_text="How you know (required), e.g. what the outbox shows.",
+        allow_blank=True, max_length=MAX_NOTE_CHARS, trim_whitespace=False,
+        schema={"pattern": SOME_WORD, "format": PLAIN_WORDS},
+        help_text="How you know (required), e.g. what the outbox shows: plain text (line breaks and tabs are "
+                  "fine; other control characters and invisible formatting characters such as bidi overrides "
+                  "are refused).",
     )
 
 
