@@ -81,7 +81,14 @@ class _TraceReader:
             chunk = handle.read()
         complete = chunk[: chunk.rfind("\n") + 1]
         self.offset += len(complete.encode("utf-8", errors="replace"))
+        # A statement's SQL may span lines: a line that starts no message continues the last one.
+        lines: list[str] = []
         for line in complete.splitlines():
+            if lines and not line.startswith(("F\t", "B\t")):
+                lines[-1] += " " + line
+            else:
+                lines.append(line)
+        for line in lines:
             self._line(line, counts)
 
     def _statement(self, sql: str, counts: dict[str, float]) -> None:
