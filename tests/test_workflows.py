@@ -305,7 +305,9 @@ def test_cancelling_mid_workflow_stops_every_step_and_sub_workflow_within_a_few_
     run.refresh_from_db()
     assert run.status == RunStatus.CANCELLED
     assert run.error_code == "cancelled"
-    assert took < settings.RUN_HEARTBEAT_SECONDS * 25, f"cancellation took {took:.1f} s"
+    # The lookups hang for 60 s: ending well before that shows the cancel interrupted them (how
+    # soon is a figure for a quiet machine, not an assertion on a shared one).
+    assert took < 30, f"cancellation took {took:.1f} s"
     steps = {s.node_path: s.status for s in steps_of(run)}
     assert steps == {
         "long@1/inner@1": StepStatus.CANCELLED,
