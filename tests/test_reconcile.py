@@ -311,11 +311,13 @@ def test_runs_stuck_in_queued_are_enqueued_again_once_per_period(settings):
 def test_the_periodic_job_reconciles_and_reports(settings):
     settings.RUN_STALE_AFTER_SECONDS = 60
     run = _running(heartbeat_age=timedelta(minutes=2))
+    # It wrote nothing (no event, no call): the system starts it again in a fresh session.
     assert reconcile_job() == (
         "1 stale run(s) reconciled, 0 queued run(s) enqueued again, 0 abandoned chat turn(s) cancelled, "
-        "0 run(s) continued by the system"
+        "1 run(s) continued by the system"
     )
     assert AgentRun.objects.get(pk=run.run_id).error_code == "reconciled"
+    assert AgentRun.objects.filter(replay_of=run.run_id, resume_reason="recovered").count() == 1
     assert reconcile_job() == (
         "0 stale run(s) reconciled, 0 queued run(s) enqueued again, 0 abandoned chat turn(s) cancelled, "
         "0 run(s) continued by the system"
