@@ -9,7 +9,8 @@ sentinel is left, is still found by heartbeat staleness (`runs.reconcile`), in t
 sentinel runs every few seconds (`runs.sweeper`).
 
 The same place releases the locks of the cluster's queues the dead process (worker, pusher or
-monitor) still held, without which the cluster would never deliver a task or a result again
+monitor) still held, without which the cluster would never deliver a task or a result again,
+and a thread of the sentinel gives back the task queue's slots lost with a dead process
 (`runs.queue_locks`).
 
 django-q2 has no signal for a worker's death; the wrapper keeps its behaviour and only adds to it.
@@ -75,6 +76,7 @@ _original_guard = Sentinel.guard
 def _guard(self: Sentinel) -> None:
     # Its processes are forked already (spawn_cluster); later forks wait for the sweep's pauses.
     sweeper.start(self.stop_event)
+    queue_locks.watch_task_slots(self.task_queue, self.stop_event)
     _original_guard(self)
 
 

@@ -15,18 +15,32 @@ every process of the cluster and sees each one die (`runs.deaths`), releases the
 process still held before it starts its replacement. The lock was held while the process waited,
 so nothing was half read: the next reader gets the next whole message.
 
+The task queue is bounded (Q_CLUSTER queue_limit, one task per worker) by a semaphore that a
+writer takes before it writes and the READER gives back after it read. A worker killed between
+reading a task and giving back its slot, or a pusher killed between taking a slot and writing its
+task, loses that slot for good; after queue_limit such losses (two, with two workers: a few quick
+kills in a row) the pusher waits forever for room in an empty queue and the cluster is silent.
+Nothing records which process holds a slot, so the sentinel watches the queue instead
+(`SlotWatch`): slots taken while the pipe holds no byte, seen so on several checks a second apart,
+belong to nobody (a slot in transit is so for microseconds), and it gives them back one by one.
+The task a dead worker had read is still leased in the broker and started again by the requeue
+rule (`runs.reconcile`).
+
 What is left: a process killed within the few instructions between taking (or releasing) a lock
 and writing down that it holds it, or in the middle of reading one message's two parts, is not
-repaired; and a pusher killed after taking a slot of the bounded task queue but before writing its
-task leaves that slot taken (the cluster then holds one task fewer in its own queue). The task it
-took is still leased in the broker and started again by the requeue rule (`runs.reconcile`).
+repaired.
 """
 
 from __future__ import annotations
 
+import array
+import fcntl
 import logging
 import multiprocessing
 import os
+import termios
+import threading
+from multiprocessing.synchronize import SEM_VALUE_MAX
 from typing import Any
 
 from django_q import queues
@@ -79,6 +93,58 @@ def release_locks_of_dead(pid: int, named_queues: dict[str, Any]) -> list[str]:
             if isinstance(lock, TrackedLock) and lock.release_for_dead(pid):
                 released.append(f"the {queue_name} queue's {what} lock")
     return released
+
+
+def _bytes_waiting(queue: Any) -> int:
+    waiting = array.array("i", [0])
+    fcntl.ioctl(queue._reader.fileno(), termios.FIONREAD, waiting)
+    return waiting[0]
+
+
+class SlotWatch:
+    """Gives back the slots of a bounded queue that no process holds any more (see the module)."""
+
+    def __init__(self, queue: Any, *, patience: int = 3) -> None:
+        self.queue = queue
+        self.patience = patience
+        self._seen = 0
+
+    def taken(self) -> int:
+        return self.queue._maxsize - self.queue._sem._semlock._get_value()
+
+    def check(self) -> bool:
+        """One look at the queue; whether it gave a slot back."""
+        if not self.taken() or _bytes_waiting(self.queue):
+            self._seen = 0
+            return False
+        self._seen += 1
+        if self._seen < self.patience:
+            return False
+        self._seen = 0
+        try:
+            self.queue._sem.release()
+        except ValueError:  # every slot came back meanwhile
+            return False
+        return True
+
+
+def _watch(queue: Any, stop_event: Any, every: float) -> None:
+    watch = SlotWatch(queue)
+    while not stop_event.wait(every):
+        try:
+            if watch.check():
+                logger.warning("The task queue had a slot no process held (its holder died): given back")
+        except (OSError, ValueError):  # the queue is closed: the cluster stops
+            return
+
+
+def watch_task_slots(queue: Any, stop_event: Any, *, every: float = 1.0) -> threading.Thread | None:
+    """Watch a bounded queue for lost slots on a daemon thread of this process (the sentinel)."""
+    if queue._maxsize >= SEM_VALUE_MAX:
+        return None  # unbounded: no slot can be missed
+    thread = threading.Thread(target=_watch, args=(queue, stop_event, every), name="task-slots", daemon=True)
+    thread.start()
+    return thread
 
 
 _original_init = queues.Queue.__init__

@@ -247,11 +247,12 @@ def test_a_worker_sigkilled_between_two_tools_is_noticed_by_its_cluster_and_fini
 @postgres_only
 @db
 @pytest.mark.slow
-# Known gap: in about half of the runs, after five quick kills of workers that hold runs, the cluster
-# goes silent (no task taken any more, the last runs enqueued again stay `queued`) although each kind
-# of kill alone is survived (tests/test_cluster_deaths.py). Suspected: a worker killed between
-# reading a task and giving back its slot of the bounded task queue (runs.queue_locks says what is
-# not repaired). The test stays so that it shows when it holds.
+# Known gap: after five quick kills of workers that hold runs, the cluster has gone silent (no task
+# taken any more, the last runs enqueued again stay `queued`) in about half of the runs, although
+# each kind of kill alone is survived (tests/test_cluster_deaths.py). Task-queue slots lost with a
+# killed reader or pusher are now given back (runs.queue_locks, tests/test_queue_locks.py); in ten
+# runs since, the silence was not seen and no lost slot had to be given back, so its cause is not
+# confirmed. The test stays so that it shows when it holds.
 @pytest.mark.xfail(reason="after several quick worker kills the cluster may stop taking tasks (§16.4)", strict=False)
 def test_chaos_random_kills_leave_every_run_finished_or_waiting_with_a_call_in_doubt(tmp_path):
     # Nobody sweeps for the cluster: it notices deaths, releases its queues' locks and sweeps by itself.
@@ -300,8 +301,10 @@ def test_chaos_random_kills_leave_every_run_finished_or_waiting_with_a_call_in_d
         end = chain_end(run)
         assert not AgentRun.objects.filter(pk__in=chain_ids(run), status=RunStatus.QUEUED).exists()
         if end.status != RunStatus.SUCCESS:
-            # Waiting for a person, for a reason the desk shows: a call that may have acted.
-            assert end.recovery == Recovery.NEEDS_PERSON and "doubt" in end.recovery_detail, (
-                end.error_code, end.recovery, end.recovery_detail)
+            # Waiting for a person, for a reason the desk shows: a call that may have acted, or a
+            # chain killed more often than the system continues one.
+            assert (end.recovery == Recovery.NEEDS_PERSON and "doubt" in end.recovery_detail) or (
+                end.recovery == Recovery.EXHAUSTED and "RUN_RECOVERY_ATTEMPTS" in end.recovery_detail
+            ), (end.error_code, end.recovery, end.recovery_detail)
         assert OutboxEmail.objects.filter(run_id__in=chain_ids(run)).count() <= 1
         assert CrmNote.objects.filter(run_id__in=chain_ids(run)).count() <= 1
