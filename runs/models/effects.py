@@ -32,7 +32,15 @@ class ToolEffect(models.Model):
     class Meta:
         db_table = "tool_effects"
         ordering = ["-started_at"]
-        indexes = [models.Index(fields=["first_run", "first_call_id"], name="tooleffect_first_call")]
+        indexes = [
+            models.Index(fields=["first_run", "first_call_id"], name="tooleffect_first_call"),
+            # Records that never finished are few: the desk's calls in doubt start from them.
+            models.Index(
+                fields=["first_run", "first_call_id"],
+                condition=models.Q(status="started"),
+                name="tooleffect_started_call",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.tool_name} {self.business_key} ({self.status})"

@@ -292,6 +292,14 @@ class ToolCall(models.Model):
         # Calls still `called` are few (in flight or in doubt): the desk counts them from here.
         indexes = [
             models.Index(fields=["run"], name="toolcall_called_run", condition=models.Q(status="called")),
+            # The desk's calls in doubt: unanswered, unsettled, not read-only (runs.overview's
+            # filter verbatim, so the planner proves the index applies). Settled calls keep
+            # `called`, so the index above grows with them; this one stays small.
+            models.Index(
+                fields=["run"],
+                name="toolcall_unsettled_called",
+                condition=models.Q(status="called", settled_outcome="") & ~models.Q(effect="read_only"),
+            ),
         ]
 
     def __str__(self) -> str:
