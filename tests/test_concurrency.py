@@ -240,11 +240,13 @@ def _kill_cluster(cluster: subprocess.Popen) -> None:
     cluster.wait(timeout=30)
 
 
-def _other_backends() -> int:
+def _other_transactions() -> int:
+    # Other connections of this process (ADK's pool) stay open but idle: only an open
+    # transaction can hold a run's row.
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            " AND pid <> pg_backend_pid() AND backend_type = 'client backend' AND xact_start IS NOT NULL"
         )
         return cursor.fetchone()[0]
 
@@ -275,7 +277,7 @@ def test_a_worker_killed_with_50_runs_in_flight_settles_every_run_once_in_one_sw
     assert _statuses(runs) == {RunStatus.RUNNING: 50}
     # A killed client's server backend lives on until it reads the closed socket, holding the row
     # it was heartbeating; a sweep that met it would rightly skip that row until the next sweep.
-    wait_until(lambda: _other_backends() == 0, timeout=30, what="the killed worker's connections to close")
+    wait_until(lambda: _other_transactions() == 0, timeout=60, what="the killed worker's transactions to end")
 
     # Their one heartbeat stopped for all of them at once: one sweep, past the stale window.
     report = reconcile.sweep(now=timezone.now() + timedelta(seconds=settings.RUN_STALE_AFTER_SECONDS + 1))
