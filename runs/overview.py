@@ -1,6 +1,6 @@
 """The desk at a glance: what needs a person now, counted with set-based, index-backed queries.
 
-Every count is capped (`CAP`, like the run list's paginator): past it the desk says "10000+",
+Every count is capped (`CAP`, like the run list's paginator): past it the desk says "10,000+",
 because an exact COUNT(*) over millions of rows is what makes a page slow. Each set here has a
 matching choice of the run list's "desk" filter (`DESK_SETS`), so a count's link lands on
 exactly the rows it counted.
@@ -61,7 +61,7 @@ class CappedCount:
     capped: bool
 
     def __str__(self) -> str:
-        return f"{self.value}+" if self.capped else str(self.value)
+        return f"{self.value:,}+" if self.capped else f"{self.value:,}"
 
 
 def capped_count(queryset: QuerySet, *, cap: int = CAP) -> CappedCount:

@@ -216,6 +216,7 @@ def test_counts_are_capped(ledger):
     count = overview.capped_count(AgentRun.objects.all(), cap=2)
     assert (count.value, count.capped, str(count)) == (2, True, "2+")
     assert str(overview.capped_count(AgentRun.objects.filter(pk=ledger["success"].pk), cap=2)) == "1"
+    assert (str(overview.CappedCount(overview.CAP, True)), str(overview.CappedCount(2380, False))) == ("10,000+", "2,380")
 
 
 def test_several_counts_in_one_statement_are_each_capped_on_their_own(ledger, django_assert_num_queries):

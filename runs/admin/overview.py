@@ -71,7 +71,7 @@ def desk_overview(request: HttpRequest) -> HttpResponse:
         "chart_hourly": svg_chart(data.hourly, label_every=3, label_format="%H:%M", title="last 24 hours, per hour"),
         "chart_daily": svg_chart(data.daily, label_every=1, label_format="%a %d", title="last 7 days, per day"),
         "legend": legend(),
-        "cap": overview.CAP,
+        "cap": f"{overview.CAP:,}",
     }
     return TemplateResponse(request, "admin/runs/overview.html", context)
 
