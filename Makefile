@@ -45,7 +45,7 @@ check: install
 FUZZ_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/agentledger_fuzz
 fuzz-live: install
 	psql "$(patsubst %/,%,$(dir $(FUZZ_DATABASE_URL)))/postgres" -tAc "SELECT 1 FROM pg_database WHERE datname = '$(notdir $(FUZZ_DATABASE_URL))'" | grep -q 1 \
-		|| createdb -d "$(patsubst %/,%,$(dir $(FUZZ_DATABASE_URL)))/postgres" "$(notdir $(FUZZ_DATABASE_URL))"
+		|| psql "$(patsubst %/,%,$(dir $(FUZZ_DATABASE_URL)))/postgres" -qc 'CREATE DATABASE "$(notdir $(FUZZ_DATABASE_URL))"'
 	.ci/schemathesis-live $(FUZZ_DATABASE_URL)
 
 # Benchmarks: PostgreSQL only. Each script makes (and drops) its own agentledger_bench_* database
