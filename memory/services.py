@@ -160,6 +160,9 @@ def clean_query(query: Any) -> str:
         raise InvalidQuery("q is required: the words to search the memories for.")
     if len(query) > MAX_QUERY_CHARS:
         raise InvalidQuery(f"q is {len(query)} characters long; the limit is {MAX_QUERY_CHARS}.")
+    # As the schema's `search-words` format says: words, never control or invisible characters.
+    if any(unicodedata.category(ch).startswith("C") for ch in query):
+        raise InvalidQuery("q contains control or invisible characters; send the words to search for.")
     if not search_terms(query):
         raise InvalidQuery(f"q={query.strip()!r} has no searchable words (only very common words such as 'the').")
     return query.strip()

@@ -173,6 +173,8 @@ def test_the_api_accepts_a_session_login_and_refuses_anonymous_callers(client, a
         ({"agent": "support", "owner_id": "alice", "q": "   "}, "empty_query", "q is required"),
         ({"agent": "support", "owner_id": "alice", "q": "the and of"}, "empty_query", "no searchable words"),
         ({"agent": "support", "owner_id": "alice", "q": "x" * 2001}, "empty_query", "limit is 2000"),
+        ({"agent": "support", "owner_id": "alice", "q": "\x13\x0fé,"}, "empty_query", "control or invisible"),
+        ({"agent": "support", "owner_id": "alice", "q": "refund\u200b"}, "empty_query", "control or invisible"),
         ({"agent": "support", "owner_id": "alice", "q": "Lyon", "limit": "ten"}, "invalid_limit", "not a whole number"),
         ({"agent": "support", "owner_id": "alice", "q": "Lyon", "limit": "0"}, "invalid_limit", "between 1 and 100"),
         ({"agent": "support", "owner_id": "alice", "q": "Lyon", "limit": ""}, "invalid_limit", "limit is empty"),
