@@ -8,7 +8,6 @@ flight, SIGTERM with runs in flight, two clusters sharing a backlog — runs rea
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from tests.helpers import (
     child_env,
     postgres_only,
     script_params,
+    stop_cluster,
     wait_until,
 )
 
@@ -232,14 +232,6 @@ def _start_cluster(**env: str) -> subprocess.Popen:
     )
 
 
-def _kill_cluster(cluster: subprocess.Popen) -> None:
-    try:
-        os.killpg(cluster.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    cluster.wait(timeout=30)
-
-
 def _other_transactions() -> int:
     # Other connections of this process (ADK's pool) stay open but idle: only an open
     # transaction can hold a run's row.
@@ -262,7 +254,7 @@ def clusters():
 
     yield start
     for cluster in started:
-        _kill_cluster(cluster)
+        stop_cluster(cluster)
     connection.close()
 
 
@@ -273,7 +265,7 @@ def test_a_worker_killed_with_50_runs_in_flight_settles_every_run_once_in_one_sw
     wait_until(lambda: _in_hanging_tool(runs) == 50, timeout=120, what="50 runs in flight in one worker")
     assert len(set(AgentRun.objects.filter(pk__in=[r.pk for r in runs]).values_list("worker", flat=True))) == 1
 
-    _kill_cluster(cluster)
+    stop_cluster(cluster)
     assert _statuses(runs) == {RunStatus.RUNNING: 50}
     # A killed client's server backend lives on until it reads the closed socket, holding the row
     # it was heartbeating; a sweep that met it would rightly skip that row until the next sweep.
