@@ -18,7 +18,6 @@ from datetime import timedelta
 import pytest
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import connection
 from django.utils import timezone
 from google.adk.events.event import Event
 from google.genai import types
@@ -30,7 +29,7 @@ from runs.counters import LEASE_REFUSALS
 from runs.heartbeat import ProcessHeartbeat
 from runs.models import AgentRun, RunStatus, RunStep, ToolCall, ToolEffect
 from tests.factories import make_run
-from tests.helpers import BASE_DIR, child_env, postgres_only, wait_until
+from tests.helpers import BASE_DIR, child_env, postgres_only, stop_cluster, wait_until
 
 # ADK's engine writes the events on a connection of its own: the run row must be committed.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -302,10 +301,5 @@ def test_a_paused_worker_woken_after_its_run_was_done_again_does_nothing_more(to
         wait_until(lambda: AgentRun.objects.filter(pk=after.pk, status=RunStatus.SUCCESS).exists(), timeout=60,
                    what="the woken worker to run the next run")
     finally:
-        try:
-            os.killpg(cluster.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        cluster.wait(timeout=30)
-        connection.close()
+        stop_cluster(cluster)
         os.environ.pop("TEAM_NOTIFICATIONS", None)
