@@ -26,13 +26,17 @@ run: export SCRIPTS_FROM_USERS_ALLOWED ?= true
 run: install
 	$(PY) manage.py serve --setup --port $(PORT)
 
+# The suite runs on PYTEST_WORKERS processes (pytest-xdist), each on its own test database: most
+# of its time is spent waiting on the child processes and servers it starts, not on the 2 cores.
+# PYTEST_WORKERS=0 runs it in this one process.
+PYTEST_WORKERS ?= 3
 test: install
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The inner loop: everything but the tests marked slow (child processes, servers, the browser,
 # the fuzzer). `make test` still runs all of them.
 test-fast: install
-	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 # The fast, strict checks CI runs before the suite: style, migrations, the import contract.
 check: install
@@ -90,8 +94,9 @@ bench: $(VENV)/.bench-installed
 	$(PY) bench/workflow_steps.py --runs 60 --warmup 5 --block 5
 	$(PY) bench/webhook_throughput.py
 	$(PY) bench/concurrency.py --runs 500 --latency 1 --serial-runs 20
+	$(PY) bench/concurrency.py --wire --runs 100 --latency 1
 	$(PY) bench/recovery.py --kills 20 --lost-machine 2
-	$(PY) bench/report.py --markdown $(BENCH_REPORT)
+	$(PY) bench/report.py --markdown $(BENCH_REPORT) --docs docs/benchmarks.md
 
 # Every benchmark at its smallest size, so none can rot unseen (CI runs this on PostgreSQL). The
 # figures mean nothing at these sizes: they go to a scratch directory, not bench/results/. The
