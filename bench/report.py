@@ -6,7 +6,8 @@ Each benchmark script writes bench/results/<name>.json with `_common.save_result
 them all (whatever scripts ran, including ones added later) and prints one table: benchmark,
 metric, value, unit, peer, ratio (value / peer value), target and whether it was met. The crash
 matrix (crash_matrix.json, written by `make bench-crash`) is printed as its point × outcome table.
---markdown also writes both as Markdown, for docs/benchmarks.md.
+--markdown also writes both as Markdown; --docs puts the same Markdown into docs/benchmarks.md,
+between its two `make bench` marker lines, so the page's table is always one run's.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="directory of the results files")
     parser.add_argument("--markdown", type=Path, help="also write the tables as Markdown to this file")
+    parser.add_argument("--docs", type=Path, help="replace the table between the marker lines of this page")
     args = parser.parse_args()
 
     benchmarks, crash, problems = load(args.results)
@@ -133,7 +135,7 @@ def main() -> int:
     if missed:
         print(f"\n{len(missed)} target(s) missed: " + "; ".join(f"{r[0]} {r[1]} = {r[2]} (target {r[6]})" for r in missed))
 
-    if args.markdown:
+    if args.markdown or args.docs:
         parts = []
         if rows:
             parts += ["## All benchmarks", "", markdown_table(HEADERS, rows), "",
@@ -142,9 +144,28 @@ def main() -> int:
         if crash is not None:
             parts += [f"## Crash matrix ({crash.get('repeats', '?')} repeats per point)", "",
                       markdown_table(["point", "outcome", "count"], crash_rows(crash)), ""]
-        args.markdown.write_text("\n".join(parts))
-        print(f"\nwrote {args.markdown}")
+        markdown = "\n".join(parts)
+        if args.markdown:
+            args.markdown.write_text(markdown)
+            print(f"\nwrote {args.markdown}")
+        if args.docs:
+            replace_between_markers(args.docs, markdown)
+            print(f"updated {args.docs}")
     return 0
+
+
+DOCS_START = "<!-- make bench writes what follows, up to the closing marker (bench/report.py --docs) -->"
+DOCS_END = "<!-- end of what make bench writes -->"
+
+
+def replace_between_markers(page: Path, markdown: str) -> None:
+    text = page.read_text()
+    start, end = text.find(DOCS_START), text.find(DOCS_END)
+    if start < 0 or end < start:
+        raise SystemExit(f"{page} has no marker lines to write between:\n{DOCS_START}\n{DOCS_END}")
+    # The page's own headings are kept: the generated part starts below its "## All benchmarks".
+    body = markdown.removeprefix("## All benchmarks\n\n")
+    page.write_text(text[: start + len(DOCS_START)] + "\n\n" + body.strip() + "\n\n" + text[end:])
 
 
 if __name__ == "__main__":
