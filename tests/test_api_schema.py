@@ -7,6 +7,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from drf_spectacular.generators import SchemaGenerator
 
+from config.lib.serializers import SOME_WORD
 from runs.models import AgentRun, ToolCall
 from tests.factories import make_run, with_journal
 from tests.helpers import api_as
@@ -102,6 +103,26 @@ def test_the_memory_query_pattern_as_json_schema_reads_it_admits_every_query_the
         assert not pattern.is_valid(query)
 
 
+# Where Python's whitespace (what strip() removes) and ECMA-262's \s, JSON Schema's, disagree.
+SPACE_IN_ONE_READING = ["\x1c", "\x1d", "\x1e", "\x1f", "\x85", "\ufeff"]
+
+
+@pytest.mark.parametrize("text", [*SPACE_IN_ONE_READING, " ", "\u3000", "\xa0 \t", "x", " \ufeff x"])
+def test_a_blank_message_or_reason_is_blank_as_json_schema_reads_the_schema_too(api, schema, settings, text):
+    # jsonschema_rs reads patterns as ECMA-262, as JSON Schema says (and as schemathesis checks them).
+    settings.SCRIPTED_DEFAULT_SCRIPTS = True
+    components = schema["components"]["schemas"]
+    message = jsonschema_rs.validator_for(components["RunCreateRequest"]["properties"]["message"])
+    forced = jsonschema_rs.validator_for(components["ReplayRequestRequest"]["oneOf"][1]["properties"]["reason"])
+    blank = not text.strip()
+
+    response = api.post("/api/runs/", {"agent": "support", "message": text, "owner_id": "jane"}, format="json")
+
+    assert response.status_code == (400 if blank else 202), response.content[:300]
+    assert message.is_valid(text) is not blank
+    assert forced.is_valid(text) is not blank
+
+
 @pytest.mark.parametrize(
     ("field", "body"),
     [
@@ -176,7 +197,7 @@ def test_a_replay_body_is_plain_or_forced_with_a_reason(schema):
     plain, forced = replay["oneOf"]
     assert plain["properties"]["effects"] == {"allOf": [{"enum": ["reuse"]}]}
     assert forced["required"] == ["force", "reason"]
-    assert forced["properties"]["reason"] == {"pattern": r"\S"}
+    assert forced["properties"]["reason"] == {"pattern": SOME_WORD}
 
 
 def test_every_operation_declares_the_errors_it_answers(schema):
