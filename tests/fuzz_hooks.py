@@ -5,9 +5,10 @@ what they mean here: `printable` (not blank, no character of Unicode's category 
 `plain-words` (a person's note: no control character but line breaks and tabs, nothing invisible), `cursor`
 (the `next`/`previous` links of a page this API answered) and `search-words` (a memory query
 with at least one word that is not a very common one). `prepare` makes a positive case about a
-run name one of the seeded runs, and a positive workflow body a valid graph; `filter_failure`
-drops the one failure schemathesis cannot judge. Importing this module registers all of it
-(`SCHEMATHESIS_HOOKS=tests.fuzz_live` loads it for the command line).
+run name one of the seeded runs, a positive start name an agent or workflow that still exists,
+and a positive workflow body a valid graph; `filter_failure` drops the one failure schemathesis
+cannot judge. Importing this module registers all of it (`SCHEMATHESIS_HOOKS=tests.fuzz_live`
+loads it for the command line).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from hypothesis import strategies as st
 
 from agents import services as agent_services
 from agents.demo import DEMO_WORKFLOW
+from agents.models import WorkflowDefinition
 from agents.registry import AGENTS
+from agents.workflows import WorkflowGraphError
 from config.lib.text import hidden_character
 from memory import services as memory_services
 from runs.models import AgentRun, RunStatus
@@ -125,6 +128,37 @@ def filter_failure(context, failure, case, response):
 
 
 
+def _workflow_exists(name) -> bool:
+    """A workflow a run may start now: stored, and every workflow it runs stored too."""
+    if not isinstance(name, str):
+        return False
+    try:
+        return agent_services.workflow_snapshot(name) is not None
+    except WorkflowGraphError:
+        return False
+
+
+def runnable_now(case) -> None:
+    """A run's `agent` or `workflow` made one that exists now.
+
+    The schema names the workflows there were when it was loaded; the superuser's fuzzing deletes
+    some of them (the seeded one too) while the run goes on, and a start naming one is then
+    refused, rightly. Either field may name it (`workflow` is only ever a workflow). The case keeps
+    a name of the schema's choice that still exists, else it runs the agent `support`.
+    """
+    body = case.body
+    if isinstance(body.get("agent"), str) and body["agent"] not in AGENTS and not _workflow_exists(body["agent"]):
+        body["agent"] = "support"
+    if isinstance(body.get("workflow"), str) and not _workflow_exists(body["workflow"]):
+        others = WorkflowDefinition.objects.order_by("name").values_list("name", flat=True)
+        name = next((name for name in others if _valid(case.operation, {**body, "workflow": name})), None)
+        if name is not None:
+            body["workflow"] = name
+        else:
+            del body["workflow"]
+            body["agent"] = "support"
+
+
 def prepare(case) -> None:
     """Valid requests about runs that exist (so their answers, not only 404s, are checked), and
     workflow bodies valid in what their schema cannot say."""
@@ -132,16 +166,8 @@ def prepare(case) -> None:
         return
     if "run_id" in (case.path_parameters or {}):
         case.path_parameters["run_id"] = str(SEEDED_RUN_IDS[len(repr(case.body)) % len(SEEDED_RUN_IDS)])
-    if (
-        case.path == "/api/runs/"
-        and isinstance(case.body, dict)
-        and isinstance(case.body.get("agent"), str)
-        and case.body["agent"] not in AGENTS
-        and agent_services.workflow_snapshot(case.body["agent"]) is None
-    ):
-        # The schema names the workflows there were when it was loaded; one the fuzzer has
-        # deleted since is no valid choice any more.
-        case.body["agent"] = "support"
+    if case.path == "/api/runs/" and isinstance(case.body, dict):
+        runnable_now(case)
     if (
         case.path in ("/api/workflows/", "/api/workflows/{name}/")
         and case.method.upper() in ("POST", "PUT")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import jsonschema_rs
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from drf_spectacular.generators import SchemaGenerator
 
+from config.lib.serializers import SOME_WORD
 from runs.models import AgentRun, ToolCall
 from tests.factories import make_run, with_journal
 from tests.helpers import api_as
@@ -74,9 +76,51 @@ def test_the_memory_search_parameters_are_stated_as_they_are_read(schema):
     assert {"support", "triage", "billing"} <= set(parameters["agent"]["schema"]["enum"])
     assert parameters["owner_id"]["schema"] == {"type": "string", "minLength": 1, "maxLength": 128,
                                                 "format": "printable"}
-    assert parameters["q"]["schema"]["pattern"] == r"[^\W_]"
+    assert parameters["q"]["schema"]["format"] == "search-words"
     assert parameters["limit"]["schema"] == {"type": "integer", "minimum": 1, "maximum": 100}
     assert all(parameters[name]["required"] for name in ("agent", "owner_id", "q"))
+
+
+@pytest.mark.parametrize(("query", "searched"), [
+    ("refund", True), ("Ô", True), ("naïve café", True), ("日本語", True), ("١٢٣", True),
+    ("!!!", False), ("_ - _", False), ("...?", False),
+])
+def test_the_memory_query_pattern_as_json_schema_reads_it_admits_every_query_the_api_searches(
+    api, schema, query, searched
+):
+    # JSON Schema's patterns are ECMA-262's, whose \w is ASCII only (jsonschema_rs, which
+    # schemathesis validates with, reads them so); the API's words are any script's.
+    parameters = {p["name"]: p for p in schema["paths"]["/api/memory/"]["get"]["parameters"]}
+    pattern = jsonschema_rs.validator_for(parameters["q"]["schema"])
+
+    response = api.get("/api/memory/", {"agent": "support", "owner_id": "alice", "q": query})
+
+    assert response.status_code == (200 if searched else 400), response.content[:300]
+    if searched:
+        assert pattern.is_valid(query)
+    else:
+        # No letter or digit in any script: refused by the pattern itself, not only by the format.
+        assert not pattern.is_valid(query)
+
+
+# Where Python's whitespace (what strip() removes) and ECMA-262's \s, JSON Schema's, disagree.
+SPACE_IN_ONE_READING = ["\x1c", "\x1d", "\x1e", "\x1f", "\x85", "\ufeff"]
+
+
+@pytest.mark.parametrize("text", [*SPACE_IN_ONE_READING, " ", "\u3000", "\xa0 \t", "x", " \ufeff x"])
+def test_a_blank_message_or_reason_is_blank_as_json_schema_reads_the_schema_too(api, schema, settings, text):
+    # jsonschema_rs reads patterns as ECMA-262, as JSON Schema says (and as schemathesis checks them).
+    settings.SCRIPTED_DEFAULT_SCRIPTS = True
+    components = schema["components"]["schemas"]
+    message = jsonschema_rs.validator_for(components["RunCreateRequest"]["properties"]["message"])
+    forced = jsonschema_rs.validator_for(components["ReplayRequestRequest"]["oneOf"][1]["properties"]["reason"])
+    blank = not text.strip()
+
+    response = api.post("/api/runs/", {"agent": "support", "message": text, "owner_id": "jane"}, format="json")
+
+    assert response.status_code == (400 if blank else 202), response.content[:300]
+    assert message.is_valid(text) is not blank
+    assert forced.is_valid(text) is not blank
 
 
 @pytest.mark.parametrize(
@@ -153,7 +197,7 @@ def test_a_replay_body_is_plain_or_forced_with_a_reason(schema):
     plain, forced = replay["oneOf"]
     assert plain["properties"]["effects"] == {"allOf": [{"enum": ["reuse"]}]}
     assert forced["required"] == ["force", "reason"]
-    assert forced["properties"]["reason"] == {"pattern": r"\S"}
+    assert forced["properties"]["reason"] == {"pattern": SOME_WORD}
 
 
 def test_every_operation_declares_the_errors_it_answers(schema):

@@ -19,10 +19,13 @@ PRINTABLE = "printable"
 # line breaks and tabs, no invisible formatting character (bidi overrides, zero-width marks). A
 # format of its own for the same reason as PRINTABLE.
 PLAIN_WORDS = "plain-words"
+# What str.strip() removes, spelled out: JSON Schema reads patterns as ECMA-262, whose \s is not
+# Python's (U+FEFF is a space there; U+001C-U+001F and U+0085 are not), so no pattern says \s.
+_SPACE = r"\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 # A message: any text without NUL, not blank.
-NOT_BLANK_TEXT = r"^[^\x00]*[^\s\x00][^\x00]*$"
+NOT_BLANK_TEXT = rf"^[^\x00]*[^{_SPACE}\x00][^\x00]*$"
 # A person's required words (config.lib.refusals.required_text): not blank once stripped.
-SOME_WORD = r"\S"
+SOME_WORD = rf"[^{_SPACE}]"
 
 # A schema fragment, or a function giving one when the schema is generated (e.g. the names of
 # the agents loaded now).

@@ -29,6 +29,10 @@ class MemorySerializer(serializers.ModelSerializer):
 
 
 
+# A word needs a letter or digit of any script. JSON Schema reads patterns as ECMA-262 does, where
+# \w is ASCII only (Python's is Unicode's), so the pattern names ASCII's and every character beyond
+# ASCII, one reading in both; `search-words` says which of those make a word.
+SOME_LETTER = r"[0-9A-Za-z]|[^\x00-\x7F]"
 OWNER = {"type": "string", "minLength": 1, "maxLength": services.MAX_SCOPE_CHARS, "format": PRINTABLE}
 
 
@@ -45,7 +49,7 @@ class MemorySearchSchema(AutoSchema):
             OpenApiParameter(
                 "q",
                 # `search-words`: at least one word that is not a very common one (memory.services.search_terms).
-                {"type": "string", "maxLength": services.MAX_QUERY_CHARS, "pattern": r"[^\W_]", "format": "search-words"},
+                {"type": "string", "maxLength": services.MAX_QUERY_CHARS, "pattern": SOME_LETTER, "format": "search-words"},
                 required=True,
                 description="Words to search for; ranked by relevance (very common words such as 'the' are not).",
             ),
