@@ -29,7 +29,7 @@ run: install
 # The suite runs on PYTEST_WORKERS processes (pytest-xdist), each on its own test database: most
 # of its time is spent waiting on the child processes and servers it starts, not on the 2 cores.
 # PYTEST_WORKERS=0 runs it in this one process.
-PYTEST_WORKERS ?= 3
+PYTEST_WORKERS ?= 4
 test: install
 	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
