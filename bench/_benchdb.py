@@ -87,6 +87,8 @@ def use_database(database: str) -> None:
     os.environ["DATABASE_URL"] = database_url(database)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ.setdefault("RUN_INPUTS_DIR", tempfile.mkdtemp(prefix="bench-inputs-"))
+    # A benchmark's runs send their emails nowhere: in memory, in this process.
+    os.environ.setdefault("EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBackend")
     import django
 
     django.setup()

@@ -74,7 +74,6 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    os.environ.setdefault("EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBackend")
     os.environ.setdefault("SCRIPTS_FROM_USERS_ALLOWED", "true")
     os.environ.setdefault("MAX_RUNS_IN_FLIGHT_PER_USER", "0")
     # Its own database in --wire mode: a plain run of this benchmark may be using the other.

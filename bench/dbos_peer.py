@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import time
 import uuid
 from collections import defaultdict
@@ -33,7 +32,6 @@ DBOS_SYSTEM_DATABASE = f"{PREFIX}dbos_sys"
 
 def main() -> None:
     args = parse_args()
-    os.environ.setdefault("EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBackend")
     with bench_database('dbos_app'):
         measure(args)
 

@@ -40,7 +40,6 @@ TOOL_CALLS_PER_RUN = 3
 
 def main() -> None:
     args = parse_args()
-    os.environ.setdefault("EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBackend")
     with bench_database('overhead'):
         measure(args)
 
