@@ -42,6 +42,25 @@ def summary(values: list[float]) -> dict:
     }
 
 
+def interleaved(contenders: dict, *, count: int, block: int, warmup: int) -> dict[str, list[float]]:
+    """ms per call of each contender, `count` calls each, in turns of `block` after `warmup`
+    untimed calls: a change in the machine's load falls on every contender alike."""
+    for _ in range(warmup):
+        for run in contenders.values():
+            run()
+    timings: dict[str, list[float]] = {key: [] for key in contenders}
+    done = 0
+    while done < count:
+        turn = min(block, count - done)
+        for key, run in contenders.items():
+            for _ in range(turn):
+                started = time.perf_counter()
+                run()
+                timings[key].append((time.perf_counter() - started) * 1000)
+        done += turn
+    return timings
+
+
 def machine() -> str:
     try:
         cpu = next(

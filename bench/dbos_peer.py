@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import time
 import uuid
-from collections import defaultdict
 
 from _benchdb import PREFIX, bench_database
-from _common import print_table, save_results, summary
+from _common import interleaved, print_table, save_results, summary
 
 DBOS_SYSTEM_DATABASE = f"{PREFIX}dbos_sys"
 
@@ -154,19 +152,7 @@ def measure(args: argparse.Namespace) -> None:
         "events only": events_only,
         "run row only": journaled_cost_of_row,
     }
-    for _ in range(args.warmup):
-        for run in contenders.values():
-            run()
-    timings = defaultdict(list)
-    done = 0
-    while done < args.units:
-        block = min(args.block, args.units - done)
-        for key, run in contenders.items():
-            for _ in range(block):
-                started = time.perf_counter()
-                run()
-                timings[key].append((time.perf_counter() - started) * 1000)
-        done += block
+    timings = interleaved(contenders, count=args.units, block=args.block, warmup=args.warmup)
     DBOS.destroy()
 
     stats = {key: summary(values) for key, values in timings.items()}

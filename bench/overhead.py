@@ -33,7 +33,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from _benchdb import bench_database
-from _common import print_table, save_results, summary
+from _common import interleaved, print_table, save_results, summary
 
 TOOL_CALLS_PER_RUN = 3
 
@@ -263,19 +263,7 @@ def measure(args: argparse.Namespace) -> None:
 
     event_timings = time_events(stores, args, run_coroutine)
 
-    for _ in range(args.warmup):
-        for run in contenders.values():
-            run()
-    timings: dict[str, list[float]] = defaultdict(list)
-    done = 0
-    while done < args.runs:
-        block = min(args.block, args.runs - done)
-        for key, run in contenders.items():
-            for _ in range(block):
-                started = time.perf_counter()
-                run()
-                timings[key].append((time.perf_counter() - started) * 1000)
-        done += block
+    timings = interleaved(contenders, count=args.runs, block=args.block, warmup=args.warmup)
 
     # Timed before any tracing: libpq's trace writes a line per protocol message.
     breakdown = time_parts(run_c, args.accounting_runs, store_sessions)
