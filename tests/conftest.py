@@ -98,6 +98,12 @@ def _test_settings(settings, tmp_path):
     settings.RUN_INPUTS_DIR = tmp_path / "run-inputs"
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
     settings.RUN_HEARTBEAT_SECONDS = 0.2
+    # A heartbeat of its own for each test: the thread an earlier test left behind (its runs still
+    # finishing as it ended) may be sleeping out the 10 s interval that test's teardown restored,
+    # and this test's runs would not beat until it woke.
+    from runs import heartbeat
+
+    heartbeat._state.update(pid=None, heartbeat=None)
 
 
 @pytest.fixture
