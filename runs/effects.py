@@ -31,7 +31,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.admin.models import CHANGE, LogEntry
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 from google.adk.plugins.base_plugin import BasePlugin
 
@@ -44,6 +44,7 @@ from runs.models import (
     AgentRun,
     EffectsChoice,
     EffectStatus,
+    RunStatus,
     SettledOutcome,
     ToolCall,
     ToolCallStatus,
@@ -153,6 +154,12 @@ def claim_effect(
     """
     key = effect_key(intent=intent, tool=tool, business_key=business_key)
     now = timezone.now()
+    if connection.vendor == "postgresql" and _claim_new_key(
+        key=key, run_id=run_id, call_id=call_id, intent=intent, tool=tool, business_key=business_key,
+        stable_fields=stable_fields, lease=lease, now=now,
+    ):
+        return Claim("run", key)
+    # A key with a record already (a repeat, a replay), or SQLite: read the record and decide.
     with transaction.atomic():
         leases.hold(run_id=run_id, lease=lease, what="an effect record")
         effect, created = ToolEffect.objects.get_or_create(
@@ -210,6 +217,63 @@ def claim_effect(
             response_summary=f"not run: {message}"[:SUMMARY_MAX_CHARS],
         )
         return Claim("in_doubt", key, message=message)
+
+
+def _claim_new_key(
+    *,
+    key: str,
+    run_id: uuid.UUID,
+    call_id: str,
+    intent: str,
+    tool: str,
+    business_key: Any,
+    stable_fields: dict,
+    lease: uuid.UUID | None,
+    now: Any,
+) -> bool:
+    """PostgreSQL: the common claim, a key never seen, as one statement and one commit.
+
+    The run's row lock (`leases.hold`'s FOR NO KEY UPDATE), the record and the journal's
+    effect key ride in one autocommitted statement: a round trip where the transaction below
+    takes seven, on the one ORM thread every run of the process shares. True when this call's
+    record was written; False when the key had one (the caller reads it); refused when the
+    lease no longer holds the run.
+    """
+    effect = ToolEffect._meta
+    values = {
+        "key": key,
+        "intent_id": intent[:320],
+        "tool_name": tool,
+        "business_key": business_key,
+        "stable_fields": stable_fields,
+        "status": EffectStatus.STARTED,
+        "error": "",
+        "first_run": run_id,
+        "first_call_id": call_id,
+        "started_at": now,
+    }
+    columns = [effect.get_field(name).column for name in values]
+    params = [effect.get_field(name).get_db_prep_save(value, connection) for name, value in values.items()]
+    run_pk = AgentRun._meta.pk.get_db_prep_save(run_id, connection)
+    if lease is None:
+        held, held_params = "SELECT 1", []  # a run executed outside the ledger's claim: nothing to fence
+    else:
+        held = f"SELECT 1 FROM {AgentRun._meta.db_table} WHERE run_id = %s AND lease = %s AND status = %s FOR NO KEY UPDATE"
+        held_params = [run_pk, AgentRun._meta.get_field("lease").get_db_prep_save(lease, connection), RunStatus.RUNNING]
+    sql = (
+        f"WITH held AS ({held}), "
+        f"claimed AS (INSERT INTO {effect.db_table} ({', '.join(columns)}) "
+        f"SELECT {', '.join(['%s'] * len(params))} FROM held ON CONFLICT (key) DO NOTHING RETURNING 1), "
+        f"journaled AS (UPDATE {ToolCall._meta.db_table} SET effect_key = %s "
+        "WHERE run_id = %s AND call_id = %s AND EXISTS (SELECT 1 FROM claimed) RETURNING 1) "
+        "SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM claimed)"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*held_params, *params, key, run_pk, call_id])
+        held_rows, claimed_rows = cursor.fetchone()
+    if not held_rows:
+        raise leases.refuse(run_id=run_id, what="an effect record")
+    return claimed_rows == 1
 
 
 def _owned_started(*, key: str, run_id: uuid.UUID, call_id: str, lease: uuid.UUID | None):

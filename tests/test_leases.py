@@ -126,6 +126,33 @@ def test_an_effect_record_is_started_while_the_run_is_held():
     assert ToolEffect.objects.get().status == "started"
 
 
+@postgres_only
+def test_a_new_key_is_claimed_in_one_statement_with_its_journal_row_and_a_repeat_reads_the_record():
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    run = _claimed()
+    ToolCall.objects.create(run=run, seq=1, call_id="c1", tool_name="send_email")
+    ToolCall.objects.create(run=run, seq=2, call_id="c2", tool_name="send_email")
+    claim_args = dict(intent=f"run:{run.run_id}", tool="send_email", business_key="jane@example.com",
+                      stable_fields={"subject": "Refund"}, lease=run.lease)
+    with CaptureQueriesContext(connection) as first:
+        claim = effects.claim_effect(run_id=run.run_id, call_id="c1", **claim_args)
+    assert claim.kind == "run"
+    assert len(first.captured_queries) == 1, [q["sql"] for q in first.captured_queries]
+    record = ToolEffect.objects.get()
+    assert (record.key, record.status, record.first_run_id, record.first_call_id, record.business_key,
+            record.stable_fields, record.result, record.error) == (
+        claim.key, "started", run.run_id, "c1", "jane@example.com", {"subject": "Refund"}, None, "")
+    assert ToolCall.objects.get(call_id="c1").effect_key == claim.key
+
+    # The same key again, from another call of the same run: the record is read, not overwritten.
+    repeat = effects.claim_effect(run_id=run.run_id, call_id="c2", **claim_args)
+    assert repeat.kind == "in_doubt"
+    assert ToolEffect.objects.get().first_call_id == "c1"
+    assert ToolCall.objects.get(call_id="c2").status == "failed"
+
+
 def test_the_settle_of_an_attempt_that_lost_its_lease_writes_nothing():
     run = _claimed()
     AgentRun.objects.filter(pk=run.pk).update(lease=leases.new_lease())  # another attempt holds it now
