@@ -12,13 +12,15 @@ of the four model calls taking `--latency` seconds of "provider time" (the scrip
         pool (5 + 10, 30 s timeout) 500 runs at once fail waiting for a connection
   (c)   the same cluster with RUN_CONCURRENCY=1: one run at a time per worker process, as before
         (fewer runs: at one run per --latency × 4 s per process, 500 would take long)
+  (d)   the same cluster with a larger ADK pool (`--large-pool` per process, no overflow): whether
+        runs wait for pooled connections
 
 For the cluster: runs/s from the moment every task is in the broker until the last run settles,
 runs in flight (sampled), run duration (claim to settle), the cluster's RSS growth per run in
-flight, its CPU use and PostgreSQL's (as shares of all cores), and the database connections
-open during the run.
+flight, its CPU use and PostgreSQL's (as shares of all cores), the whole machine's busy share
+(/proc/stat), and the database connections open during the run.
 
-    python bench/concurrency.py [--runs 500] [--latency 1] [--serial-runs 20]
+    python bench/concurrency.py [--runs 500] [--latency 1] [--serial-runs 20] [--large-pool 35]
 
 `--wire` measures the same cluster with every model call over HTTP: the real google-genai client
 (GOOGLE_API_KEY set, AGENT_MODEL=gemini-2.5-flash) against `tests/fake_gemini.py`, which answers
@@ -65,6 +67,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--latency", type=float, default=1.0, help="seconds per model call")
     parser.add_argument("--serial-runs", type=int, default=20, help="runs for (c), RUN_CONCURRENCY=1")
     parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--large-pool", type=int, default=35,
+                        help="ADK pool per process for (d), at most RUN_CONCURRENCY (mind max_connections)")
     parser.add_argument("--wire", action="store_true", help="model calls over HTTP against a local fake Gemini")
     args = parser.parse_args()
     if min(args.runs, args.serial_runs) < 1 or args.latency < 0 or args.warmup < 0:
@@ -154,6 +158,13 @@ def _rss_and_cpu(root: int) -> tuple[int, float]:
     return rss, cpu
 
 
+def _machine_cpu() -> tuple[int, int]:
+    """(busy, all) jiffies of every core since boot, from /proc/stat: the whole machine's load."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle and iowait
+    return sum(fields[:8]) - idle, sum(fields[:8])
+
+
 def _postgres_cpu() -> float:
     """CPU seconds of every PostgreSQL process on this machine (the server runs here)."""
     total = 0.0
@@ -220,6 +231,7 @@ def cluster_pass(*, count: int, latency: float, warmup: int, **env: str) -> dict
             _wait_settled(ids, timeout=300)
         rss_before, cpu_before = _rss_and_cpu(cluster.pid)
         postgres_before = _postgres_cpu()
+        machine_before = _machine_cpu()
         ids = [r.run_id for r in _start_runs(count, latency)]
         started = time.monotonic()
         in_flight: list[int] = []
@@ -244,6 +256,7 @@ def cluster_pass(*, count: int, latency: float, warmup: int, **env: str) -> dict
                 time.sleep(0.25)
         rss_after, cpu_after = _rss_and_cpu(cluster.pid)
         postgres_cpu = _postgres_cpu() - postgres_before
+        machine_after = _machine_cpu()
     finally:
         stop_cluster(cluster)
     runs = list(AgentRun.objects.filter(pk__in=ids).values("status", "created_at", "started_at", "finished_at"))
@@ -268,6 +281,9 @@ def cluster_pass(*, count: int, latency: float, warmup: int, **env: str) -> dict
         "cpu_s": cpu_after - cpu_before,
         "cpu_share": (cpu_after - cpu_before) / wall / (os.cpu_count() or 1),
         "postgres_cpu_share": postgres_cpu / wall / (os.cpu_count() or 1),
+        # Everything the machine did meanwhile (the cluster, PostgreSQL, this script's polling,
+        # the kernel): near 100 % the cluster is bound by the cores, not by a pool or a lock.
+        "machine_cpu_busy": (machine_after[0] - machine_before[0]) / max(1, machine_after[1] - machine_before[1]),
         "db_connections_max": max(connections),
     }
 
@@ -362,6 +378,13 @@ def measure(args: argparse.Namespace) -> None:
     results["a"] = _said("a", gather_pass(count=args.runs, latency=args.latency, sessions_factory=InMemorySessionService))
     print("(b) ADK Runner + DatabaseSessionService, asyncio.gather …", flush=True)
     results["b"] = _said("b", gather_pass(count=args.runs, latency=args.latency, sessions_factory=stock_service))
+    # Every run of a process can hold a pooled connection at once (max_connections allowing):
+    # if the default pool were the bottleneck, this pass would be faster.
+    large_pool = max(pool, min(settings.RUN_CONCURRENCY, args.large_pool))
+    print(f"(d) the cluster, ADK pool {large_pool}+0 per process …", flush=True)
+    results["d"] = _said("d", cluster_pass(count=args.runs, latency=args.latency, warmup=args.warmup,
+                                ADK_DB_POOL_SIZE=str(large_pool), ADK_DB_MAX_OVERFLOW="0"))
+    results["d"]["pool"] = large_pool
     print(f"(c) the cluster, RUN_CONCURRENCY=1, {args.serial_runs} runs …", flush=True)
     results["c"] = _said("c", cluster_pass(count=args.serial_runs, latency=args.latency, warmup=2, RUN_CONCURRENCY="1",
                                 ADK_DB_POOL_SIZE="3", ADK_DB_MAX_OVERFLOW="2"))
@@ -379,17 +402,19 @@ def report(args: argparse.Namespace, results: dict[str, dict]) -> None:
         "a": "(a) ADK Runner + InMemorySessionService, gather",
         "b": "(b) ADK Runner + DatabaseSessionService, gather",
         "c": "(c) qcluster, RUN_CONCURRENCY=1",
+        "d": f"(d) qcluster, ADK pool {results['d']['pool']}+0 per process",
     }
     print()
     print_table(
         ["contender", "runs", "runs/s", "in flight p50/max", "run s p50", "run s p95", "CPU share", "PostgreSQL CPU",
-         "RSS KiB/run in flight", "DB connections"],
+         "machine CPU busy", "RSS KiB/run in flight", "DB connections"],
         [
             [
                 labels[key], r["runs"], f"{r['runs_per_s']:.1f}",
                 f"{r.get('in_flight_p50', '-')}/{r['in_flight_max']}",
                 f"{r['duration']['median']:.2f}", f"{r['duration']['p95']:.2f}", f"{r['cpu_share']:.0%}",
                 f"{r['postgres_cpu_share']:.0%}",
+                f"{r['machine_cpu_busy']:.0%}" if "machine_cpu_busy" in r else "-",
                 f"{r['rss_per_run_kib']:.0f}" if "rss_per_run_kib" in r else "-",
                 r.get("db_connections_max", "-"),
             ]
@@ -413,6 +438,9 @@ def report(args: argparse.Namespace, results: dict[str, dict]) -> None:
                 peer="ADK Runner + DatabaseSessionService, gather", peer_value=round(b["duration"]["p95"], 2)),
             row("throughput with RUN_CONCURRENCY=1", round(c["runs_per_s"], 2), "runs/s",
                 peer="default RUN_CONCURRENCY", peer_value=round(new["runs_per_s"], 1)),
+            row(f"runs/s, ADK pool {results['d']['pool']}+0 per process", round(results["d"]["runs_per_s"], 1),
+                "runs/s", peer="default pool", peer_value=round(new["runs_per_s"], 1)),
+            row("machine CPU busy, qcluster default settings", round(100 * new["machine_cpu_busy"]), "%"),
         ],
         runs=args.runs, latency_s=args.latency, contenders=results,
     )
