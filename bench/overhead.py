@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import tempfile
 import time
 import uuid
@@ -60,6 +61,13 @@ def parse_args() -> argparse.Namespace:
 # --- What goes over the wire ---------------------------------------------------------------------
 
 WRITES = ("INSERT", "UPDATE", "DELETE")
+# `WITH … INSERT` (the effect record's claim, say) writes as much as a bare INSERT does.
+_WRITE_IN_WITH = re.compile(r"\b(INSERT|UPDATE|DELETE)\b", re.IGNORECASE)
+
+
+def _writes(sql: str) -> bool:
+    word = sql.lstrip().split(None, 1)[0].upper() if sql.strip() else ""
+    return word in WRITES or (word == "WITH" and _WRITE_IN_WITH.search(sql) is not None)
 
 
 @dataclass
@@ -95,7 +103,7 @@ class _TraceReader:
         if "'synchronous_commit', 'off'" in sql:
             self.lagging = True
         # A write outside BEGIN … COMMIT is a transaction of its own.
-        if not self.in_transaction and sql.lstrip().split(None, 1)[0].upper() in WRITES:
+        if not self.in_transaction and _writes(sql):
             self._commit(counts)
 
     def _commit(self, counts: dict[str, float]) -> None:
