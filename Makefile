@@ -122,7 +122,7 @@ bench-smoke: $(VENV)/.bench-installed
 	$(PY) bench/webhook_throughput.py --events 5
 	$(PY) bench/concurrency.py --runs 10 --latency 0.1 --serial-runs 2 --warmup 1
 	$(PY) bench/recovery.py --kills 1 --lost-machine 1 --events 5
-	$(PY) bench/report.py --results $(BENCH_SMOKE_RESULTS)
+	$(PY) bench/report.py --results $(BENCH_SMOKE_RESULTS) --strict
 	$(PY) bench/_benchdb.py drop-template
 
 # A worker SIGKILLed at each of the seven points of a run, CRASH_MATRIX_REPEATS times per point.

@@ -92,14 +92,17 @@ def target_met(value, target) -> bool | None:
 
 
 def row(metric: str, value, unit: str = "", *, peer: str | None = None, peer_value=None, ratio=None,
-        target: str | None = None) -> dict:
+        target: str | None = None, correctness: bool = False) -> dict:
     """One headline figure. `ratio` is value / peer_value (computed when both are numbers): the
-    figure as a multiple of the peer's, so 0.1 for a time means ten times faster than the peer."""
+    figure as a multiple of the peer's, so 0.1 for a time means ten times faster than the peer.
+
+    `correctness` marks a target that must hold at any size (no 5xx, no duplicate effect), as
+    opposed to a speed target: `report.py --strict` fails when one is missed."""
     if ratio is None and isinstance(value, (int, float)) and isinstance(peer_value, (int, float)) and peer_value:
         ratio = value / peer_value
     return {
         "metric": metric, "value": value, "unit": unit, "peer": peer, "peer_value": peer_value,
-        "ratio": ratio, "target": target, "met": target_met(value, target),
+        "ratio": ratio, "target": target, "met": target_met(value, target), "correctness": correctness,
     }
 
 

@@ -185,8 +185,8 @@ def main() -> None:
         save_results(
             "approvals",
             [
-                row("worker slots held by waiting runs", busy, "slots", target="0"),
-                row("heartbeat runs held by waiting runs", held, "runs", target="0"),
+                row("worker slots held by waiting runs", busy, "slots", target="= 0", correctness=True),
+                row("heartbeat runs held by waiting runs", held, "runs", target="= 0", correctness=True),
                 row("connections added by waiting runs", connections_after - connections_before, "connections"),
                 row("desk overview with waiting runs, server time", round(after_ms, 1), "ms",
                     target=f"≤ {TARGET_MS}", peer="the same page before any run waited",

@@ -248,8 +248,8 @@ def measure(args: argparse.Namespace) -> None:
             peer="unfenced", peer_value=price["unfenced"]["round_trips"]),
         row("function call + journal row commits, fenced", price["fenced"]["commits"], "",
             peer="unfenced", peer_value=price["unfenced"]["commits"]),
-        row("runs finished by themselves after a worker SIGKILL", len(kill_seconds), "", target=f"= {args.kills}"),
-        row("each effect once in every chain", int(once), "", target="= 1"),
+        row("runs finished by themselves after a worker SIGKILL", len(kill_seconds), "", target=f"= {args.kills}", correctness=True),
+        row("each effect once in every chain", int(once), "", target="= 1", correctness=True),
     ]
     if kills:
         rows += [row("worker SIGKILL → success, p50", kills["median"], "s"),

@@ -1,13 +1,15 @@
 """Every benchmark's headline figures in one table, from bench/results/*.json.
 
-    python bench/report.py [--results bench/results] [--markdown FILE]
+    python bench/report.py [--results bench/results] [--markdown FILE] [--docs PAGE] [--strict]
 
 Each benchmark script writes bench/results/<name>.json with `_common.save_results`; this reads
 them all (whatever scripts ran, including ones added later) and prints one table: benchmark,
 metric, value, unit, peer, ratio (value / peer value), target and whether it was met. The crash
 matrix (crash_matrix.json, written by `make bench-crash`) is printed as its point × outcome table.
 --markdown also writes both as Markdown; --docs puts the same Markdown into docs/benchmarks.md,
-between its two `make bench` marker lines, so the page's table is always one run's.
+between its two `make bench` marker lines, so the page's table is always one run's. --strict
+exits non-zero when a correctness target (no 5xx, no duplicate effect, replays accepted: a row
+saved with `correctness=True`) was missed, whatever the size; speed targets only print.
 """
 
 from __future__ import annotations
@@ -112,6 +114,8 @@ def main() -> int:
     parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="directory of the results files")
     parser.add_argument("--markdown", type=Path, help="also write the tables as Markdown to this file")
     parser.add_argument("--docs", type=Path, help="replace the table between the marker lines of this page")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit non-zero when a correctness target (one that holds at any size) is missed")
     args = parser.parse_args()
 
     benchmarks, crash, problems = load(args.results)
@@ -134,6 +138,12 @@ def main() -> int:
     missed = [row for row in rows if row[-1] == "NO"]
     if missed:
         print(f"\n{len(missed)} target(s) missed: " + "; ".join(f"{r[0]} {r[1]} = {r[2]} (target {r[6]})" for r in missed))
+    broken = [
+        f"{data.get('benchmark', '?')} {item.get('metric')} = {item.get('value')} (target {item.get('target')})"
+        for data in benchmarks for item in data["rows"] if item.get("correctness") and item.get("met") is not True
+    ]
+    if broken:
+        print(f"\n{len(broken)} correctness target(s) missed: " + "; ".join(broken), file=sys.stderr)
 
     if args.markdown or args.docs:
         parts = []
@@ -151,7 +161,7 @@ def main() -> int:
         if args.docs:
             replace_between_markers(args.docs, markdown)
             print(f"updated {args.docs}")
-    return 0
+    return 1 if args.strict and broken else 0
 
 
 DOCS_START = "<!-- make bench writes what follows, up to the closing marker (bench/report.py --docs) -->"

@@ -282,8 +282,8 @@ def main() -> None:
                 row("events accepted over HTTP", accepted_rate, "events/s"),
                 row("events processed, 4 workers, one killed", processed_rate, "events/s",
                     peer="the same runs without the inbox", peer_value=direct_rate),
-                row("duplicates", inbox["duplicates"], target="= 0"),
-                row("lost events", inbox["lost"], target="= 0"),
+                row("duplicates", inbox["duplicates"], target="= 0", correctness=True),
+                row("lost events", inbox["lost"], target="= 0", correctness=True),
             ],
         )
         if inbox["duplicates"] or inbox["lost"] or inbox["other_answers"] or inbox["split_ids"]:
