@@ -154,26 +154,21 @@ def claim_effect(
     """
     key = effect_key(intent=intent, tool=tool, business_key=business_key)
     now = timezone.now()
-    if connection.vendor == "postgresql" and _claim_new_key(
-        key=key, run_id=run_id, call_id=call_id, intent=intent, tool=tool, business_key=business_key,
-        stable_fields=stable_fields, lease=lease, now=now,
-    ):
+    record = {
+        "intent_id": intent[:320],
+        "tool_name": tool,
+        "business_key": business_key,
+        "stable_fields": stable_fields,
+        "first_run_id": run_id,
+        "first_call_id": call_id,
+        "started_at": now,
+    }
+    if connection.vendor == "postgresql" and _claim_new_key(key=key, record=record, lease=lease):
         return Claim("run", key)
     # A key with a record already (a repeat, a replay), or SQLite: read the record and decide.
     with transaction.atomic():
         leases.hold(run_id=run_id, lease=lease, what="an effect record")
-        effect, created = ToolEffect.objects.get_or_create(
-            key=key,
-            defaults={
-                "intent_id": intent[:320],
-                "tool_name": tool,
-                "business_key": business_key,
-                "stable_fields": stable_fields,
-                "first_run_id": run_id,
-                "first_call_id": call_id,
-                "started_at": now,
-            },
-        )
+        effect, created = ToolEffect.objects.get_or_create(key=key, defaults=record)
         if not created and effect.status == EffectStatus.FAILED:
             # Known not to have acted (a person said so): this call takes the record over, once,
             # with its own stable fields (nothing was done under the old ones).
@@ -219,18 +214,7 @@ def claim_effect(
         return Claim("in_doubt", key, message=message)
 
 
-def _claim_new_key(
-    *,
-    key: str,
-    run_id: uuid.UUID,
-    call_id: str,
-    intent: str,
-    tool: str,
-    business_key: Any,
-    stable_fields: dict,
-    lease: uuid.UUID | None,
-    now: Any,
-) -> bool:
+def _claim_new_key(*, key: str, record: dict[str, Any], lease: uuid.UUID | None) -> bool:
     """PostgreSQL: the common claim, a key never seen, as one statement and one commit.
 
     The run's row lock (`leases.hold`'s FOR NO KEY UPDATE), the record and the journal's
@@ -240,18 +224,8 @@ def _claim_new_key(
     lease no longer holds the run.
     """
     effect = ToolEffect._meta
-    values = {
-        "key": key,
-        "intent_id": intent[:320],
-        "tool_name": tool,
-        "business_key": business_key,
-        "stable_fields": stable_fields,
-        "status": EffectStatus.STARTED,
-        "error": "",
-        "first_run": run_id,
-        "first_call_id": call_id,
-        "started_at": now,
-    }
+    run_id, call_id = record["first_run_id"], record["first_call_id"]
+    values = {"key": key, "status": EffectStatus.STARTED, "error": "", **record}
     columns = [effect.get_field(name).column for name in values]
     params = [effect.get_field(name).get_db_prep_save(value, connection) for name, value in values.items()]
     run_pk = AgentRun._meta.pk.get_db_prep_save(run_id, connection)
