@@ -44,7 +44,6 @@ from runs.models import (
     AgentRun,
     EffectsChoice,
     EffectStatus,
-    RunStatus,
     SettledOutcome,
     ToolCall,
     ToolCallStatus,
@@ -230,10 +229,12 @@ def _claim_new_key(*, key: str, record: dict[str, Any], lease: uuid.UUID | None)
     params = [effect.get_field(name).get_db_prep_save(value, connection) for name, value in values.items()]
     run_pk = AgentRun._meta.pk.get_db_prep_save(run_id, connection)
     if lease is None:
-        held, held_params = "SELECT 1", []  # a run executed outside the ledger's claim: nothing to fence
+        held, held_params = "SELECT 1", ()  # a run executed outside the ledger's claim: nothing to fence
     else:
-        held = f"SELECT 1 FROM {AgentRun._meta.db_table} WHERE run_id = %s AND lease = %s AND status = %s FOR NO KEY UPDATE"
-        held_params = [run_pk, AgentRun._meta.get_field("lease").get_db_prep_save(lease, connection), RunStatus.RUNNING]
+        # The fence's one definition (`leases.held`), with `leases.hold`'s lock; Django refuses to
+        # compile select_for_update() outside a transaction, and this statement is its own.
+        held, held_params = leases.held(run_id=run_id, lease=lease).order_by().values("pk").query.sql_with_params()
+        held += " FOR NO KEY UPDATE"
     sql = (
         f"WITH held AS ({held}), "
         f"claimed AS (INSERT INTO {effect.db_table} ({', '.join(columns)}) "
