@@ -1,4 +1,4 @@
-"""The root URLconf: the admin, and the API under /api/ (each app's routes are its own)."""
+"""The root URLconf: the admin, the API under /api/, ADK's wire under /adk/ (each app's routes are its own)."""
 
 from django.contrib import admin
 from django.urls import include, path, re_path
@@ -12,6 +12,8 @@ urlpatterns = [
     path("", include("runs.urls")),
     path("admin/", admin.site.urls),
     path("api/", include("runs.api.urls")),
+    # ADK's API server wire (its own paths and error shape, 404s included).
+    path("adk/", include("runs.adkwire.urls")),
     # Keep last: any other path under /api/ answers a JSON 404.
     re_path(r"^api/", api_not_found),
 ]

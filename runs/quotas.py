@@ -14,7 +14,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 
 from config.lib.refusals import Refusal
-from runs.models import IN_FLIGHT, AgentRun, Trigger
+from runs.models import IN_FLIGHT, STREAMED_TRIGGERS, AgentRun
 
 
 class TooManyRunsInFlight(Refusal):
@@ -47,7 +47,7 @@ def check_in_flight(*, user: Any, chat: bool = False) -> None:
             )
     if stream_cap:
         # A chat turn is in flight exactly while its stream is open: closing the stream cancels it.
-        count = in_flight.filter(trigger=Trigger.CHAT).count()
+        count = in_flight.filter(trigger__in=STREAMED_TRIGGERS).count()
         if count >= stream_cap:
             raise TooManyChatStreams(
                 f"You already have {count} chat turns streaming, the most one user may have open at once "

@@ -36,7 +36,7 @@ from django_q.models import OrmQ
 
 from runs import journal, lifecycle
 from runs.counters import RECONCILIATIONS
-from runs.models import AgentRun, RunStatus, Trigger
+from runs.models import STREAMED_TRIGGERS, AgentRun, RunStatus
 
 logger = logging.getLogger(__name__)
 
@@ -331,7 +331,7 @@ def requeue_lost_runs(*, now: datetime | None = None) -> list[uuid.UUID]:
         AgentRun.objects.filter(status=RunStatus.QUEUED, created_at__lt=cutoff)
         # A chat turn never claimed is its server's to run; one queued again after it waited
         # (runs.approvals) is a worker's, like any run.
-        .exclude(trigger=Trigger.CHAT, attempts=0)
+        .exclude(trigger__in=STREAMED_TRIGGERS, attempts=0)
         .filter(Q(requeued_at__isnull=True) | Q(requeued_at__lt=cutoff))
         .values_list("run_id", "requeued_at")
     )
@@ -369,7 +369,9 @@ def abandon_lost_chat_turns(*, now: datetime | None = None) -> int:
     """
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.RUN_REQUEUE_AFTER_SECONDS)
-    lost = AgentRun.objects.filter(status=RunStatus.QUEUED, trigger=Trigger.CHAT, attempts=0, created_at__lt=cutoff)
+    lost = AgentRun.objects.filter(
+        status=RunStatus.QUEUED, trigger__in=STREAMED_TRIGGERS, attempts=0, created_at__lt=cutoff
+    )
     return lost.update(
         status=RunStatus.CANCELLED,
         error_code="abandoned",

@@ -30,7 +30,7 @@ from django.utils import timezone
 from agents.models import AdkEvent
 from runs import chain, outcomes, reconcile, services
 from runs.counters import RECOVERIES
-from runs.models import AgentRun, Recovery, RunStatus, ToolCall, Trigger
+from runs.models import STREAMED_TRIGGERS, AgentRun, Recovery, RunStatus, ToolCall
 from runs.refusals import SessionGone
 from runs.resume import decide_resume, gather_resume_facts
 
@@ -77,7 +77,7 @@ def recover(*, run_id: uuid.UUID, now: datetime | None = None) -> AgentRun | Non
             or run.replays.exists()
         ):
             return None
-        if run.trigger == Trigger.CHAT:
+        if run.trigger in STREAMED_TRIGGERS:
             _mark(run, Recovery.NEEDS_PERSON, (
                 "Not continued by the system: a chat turn's client was waiting for its answer and has gone. "
                 "Resume it to continue the conversation."

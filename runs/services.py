@@ -34,7 +34,7 @@ from runs import replay as rules
 from runs import resume as resume_rules
 from runs.counters import REPLAY_REFUSALS
 from runs.faults import check_may_place_faults
-from runs.models import AgentRun, Conversation, EffectsChoice, RunStatus, Trigger
+from runs.models import STREAMED_TRIGGERS, AgentRun, Conversation, EffectsChoice, RunStatus, Trigger
 from runs.refusals import (
     ReasonRequired,
     ReasonTooLong,
@@ -253,7 +253,7 @@ def start_run(
         with transaction.atomic():
             run = write_queued_run(
                 actor=created_by,
-                chat=trigger == Trigger.CHAT,
+                chat=trigger in STREAMED_TRIGGERS,
                 enqueue=enqueue,
                 run_id=run_id,
                 trigger=trigger,

@@ -11,6 +11,7 @@ from runs.models.inbox import EventStatus, SignatureScheme, WebhookEvent, Webhoo
 from runs.models.ledger import (
     IN_FLIGHT,
     SETTLED,
+    STREAMED_TRIGGERS,
     UNSETTLED,
     AgentRun,
     EffectsChoice,
@@ -30,6 +31,7 @@ from runs.models.tokens import ApiToken
 __all__ = [
     "IN_FLIGHT",
     "SETTLED",
+    "STREAMED_TRIGGERS",
     "UNSETTLED",
     "Decision",
     "PendingCall",

@@ -33,6 +33,15 @@ class Trigger(models.TextChoices):
     WORKFLOW = "workflow", "workflow"
     SCHEDULE = "schedule", "schedule"
     WEBHOOK = "webhook", "webhook"
+    # ADK's own wires (docs/architecture.md, "ADK's own wires"): its API server's /run and
+    # /run_sse, and an A2A message.
+    ADK = "adk", "adk"
+    A2A = "a2a", "a2a"
+
+
+# Triggers whose first attempt is executed by the web server that streams it to its client: no
+# worker starts it, and a client that leaves cancels it (a replay of one runs in a worker).
+STREAMED_TRIGGERS = (Trigger.CHAT, Trigger.ADK)
 
 
 class EffectsChoice(models.TextChoices):
