@@ -48,16 +48,16 @@ class WireTurn(chat.ChatTurn):
 
 
 def _stored_events(run: AgentRun, seen: set[str]) -> list[dict]:
+    """The run's events stored since `seen` (as stored), but the user's: its own message and answers,
+    which ADK's server does not send back."""
     rows = AdkEvent.objects.of_invocation(
         app_name=run.agent_name, user_id=run.owner_id, session_id=run.session_id, invocation_id=run.invocation_id
     ).exclude(id__in=seen).values_list("id", "event_data")
     fresh: list[dict] = []
     for event_id, data in rows:
         seen.add(event_id)
-        event = Event.model_validate(data or {})
-        if event.author == "user":
-            continue  # the user's own message and answers: ADK's server does not send them back
-        fresh.append(event_json(event))
+        if (data or {}).get("author") != "user":
+            fresh.append(data or {})
     return fresh
 
 
@@ -68,16 +68,22 @@ def seen_events(run: AgentRun) -> set[str]:
     ).values_list("id", flat=True))
 
 
-async def follow(run: AgentRun, seen: set[str]) -> AsyncIterator[dict]:
-    """The run's new events as they are stored, until it settles or waits again."""
+async def follow_raw(run: AgentRun, seen: set[str]) -> AsyncIterator[dict]:
+    """The run's new events as they are stored (ADK's stored form), until it settles or waits again."""
     while True:
         status = await AgentRun.objects.filter(pk=run.run_id).values_list("status", flat=True).aget()
         # Read after the status: a run seen settled has stored every event it will store.
-        for item in await sync_to_async(_stored_events)(run, seen):
-            yield item
+        for data in await sync_to_async(_stored_events)(run, seen):
+            yield data
         if status not in GOING_ON:
             return
         await asyncio.sleep(FOLLOW_POLL_SECONDS)
+
+
+async def follow(run: AgentRun, seen: set[str]) -> AsyncIterator[dict]:
+    """The run's new events as ADK's API server sends them, until it settles or waits again."""
+    async for data in follow_raw(run, seen):
+        yield event_json(Event.model_validate(data))
 
 
 async def turn_events(turn: WireTurn, *, keepalive: float | None = None) -> AsyncIterator[dict | None]:
