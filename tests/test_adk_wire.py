@@ -283,3 +283,26 @@ def test_a_turn_in_a_missing_session_writes_nothing(alice_client):
     assert refused.status_code == 404
     assert refused.json()["detail"] == f"Session not found: {missing}"
     assert AgentRun.objects.count() == 0
+
+
+def test_a_message_with_a_base64_file_is_the_runs_input_file_and_patch_is_refused(alice_client):
+    import base64
+    import hashlib
+
+    sid = alice_client.post("/apps/support/users/jane/sessions").json()["id"]
+    data = b"\x89PNG\r\n\x1a\n not really an image"
+    ran = alice_client.post("/run", json={
+        "appName": "support", "userId": "jane", "sessionId": sid, "streaming": False,
+        "newMessage": {"role": "user", "parts": [
+            {"text": "Describe this image"},
+            {"inlineData": {"displayName": "my_image.png", "data": base64.b64encode(data).decode(),
+                            "mimeType": "image/png"}},
+        ]},
+        "customMetadata": {"params": {"script": [SAY_DONE]}},
+    })
+    assert ran.status_code == 200, ran.text
+    run = AgentRun.objects.get(pk=ran.headers["X-Run-Id"])
+    assert (run.input_file_name, run.input_file_sha256) == ("my_image.png", hashlib.sha256(data).hexdigest())
+    patched = alice_client.patch(f"/apps/support/users/jane/sessions/{sid}", json={"stateDelta": {"a": 1}})
+    assert patched.status_code == 405
+    assert "only through its runs" in patched.json()["detail"]

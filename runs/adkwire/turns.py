@@ -9,6 +9,8 @@ session: the only events a session gets from these wires are its runs'.
 
 from __future__ import annotations
 
+import io
+import mimetypes
 import unicodedata
 from dataclasses import dataclass
 from typing import Any
@@ -150,12 +152,24 @@ def message_text(message: types.Content | None) -> str:
     for index, part in enumerate(message.parts):
         if part.text is not None and not part.thought:
             texts.append(part.text)
-        elif part.function_response is None:
+        elif part.function_response is None and part.inline_data is None:
             raise WireRefusal(
-                f"new_message.parts[{index}] is neither text nor a function response: the ledger's runs take "
-                "text (send a file through POST /api/runs/)."
+                f"new_message.parts[{index}] is neither text, inline data nor a function response: the ledger's "
+                "runs take text and one file."
             )
     return "\n".join(texts)
+
+
+def message_file(message: types.Content | None) -> tuple[bytes, str] | None:
+    """The one file (`inlineData`) a message may carry: the run's input file, copied like an upload."""
+    blobs = [part.inline_data for part in (message.parts or []) if part.inline_data] if message else []
+    if not blobs:
+        return None
+    if len(blobs) > 1:
+        raise WireRefusal("new_message carries more than one inlineData part: a run takes one input file.")
+    blob = blobs[0]
+    name = blob.display_name or "input" + (mimetypes.guess_extension(blob.mime_type or "") or "")
+    return blob.data or b"", name
 
 
 def function_responses(message: types.Content | None) -> list[types.FunctionResponse]:
@@ -218,10 +232,12 @@ def begin_turn(
                 "wait for it to finish or cancel it.",
                 run_id=str(busy.run_id),
             )
+        attached = message_file(message)
         try:
             return services.start_run(
                 agent_name=app_name, message=text, owner_id=owner_id, params=params, created_by=actor,
                 trigger=trigger, session_id=session_id, enqueue=enqueue,
+                file=io.BytesIO(attached[0]) if attached else None, file_name=attached[1] if attached else None,
             )
         except ValidationError as exc:
             raise WireRefusal(_said(exc)) from None

@@ -196,6 +196,10 @@ async def _create(app: str, owner: str, session_id: str | None, state: Any) -> J
 
 @csrf_exempt
 async def session(request: HttpRequest, app_name: str, user_id: str, session_id: str):
+    if request.method == "PATCH":
+        return detail(405, "A session's state changes only through its runs (their tools and callbacks): the ledger "
+                           "appends no event outside a run.", code="method_not_allowed",
+                      headers={"Allow": "GET, POST, DELETE"})
     if refused := _methods(request, "GET", "POST", "DELETE"):
         return refused
     try:
