@@ -8,6 +8,7 @@ response for `adk_request_confirmation`, as ADK's converters write it.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import uuid
 
 import httpx
@@ -27,9 +28,11 @@ from google.adk.a2a import _compat
 from rest_framework.authtoken.models import Token
 
 from agents.models import OutboxEmail, Refund
+from runs.management.commands.serve import web_command
 from runs.models import AgentRun, Decision, PendingCall, RunStatus, Trigger
-from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, wait_until
-from tests.test_adk_wire import BIG_REFUND, REFUNDED, server  # noqa: F401 - the live server fixture
+from tests.helpers import BASE_DIR, LOOKUP, SAY_DONE, SEND_EMAIL, child_env, wait_until, wait_until_serving
+from tests.test_adk_wire import BIG_REFUND, REFUNDED, server, start_workers, stop  # noqa: F401 - the live server
+from tests.test_chat import _free_port
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -223,3 +226,91 @@ def test_the_0_3_method_names_on_the_same_endpoint_and_bad_input_in_json_rpcs_er
         "taskId": task["id"],
     }}).json()
     assert unknown["error"]["code"] == -32602 and "waits for no input" in unknown["error"]["message"]
+
+
+# --- Crashes and restarts: the task is the ledger's ---------------------------------------------------------
+
+
+def _get_until(server: str, key: str, task_id: str, state, *, timeout: float = 120):  # noqa: F811
+    async def get():
+        http, client = await a2a_client(server, key)
+        try:
+            return await client.get_task(GetTaskRequest(id=task_id))
+        finally:
+            await http.aclose()
+
+    return wait_until(lambda: (task := run_in(get)).status.state == state and task, timeout=timeout,
+                      what=f"task {task_id} to be {TaskState.Name(state)}")
+
+
+def test_a_worker_killed_mid_task_is_recovered_and_tasks_get_shows_the_outcome(server, alice):  # noqa: F811
+    key = key_of(alice)
+
+    async def start():
+        http, client = await a2a_client(server, key)
+        # The worker dies inside a read-only call, after the email: nothing is in doubt, so the system goes on.
+        script = [SEND_EMAIL, dict(LOOKUP, crash="before_effect"), SAY_DONE]
+        sent = await send(client, user_message("Email Jane.", params={"script": script}), return_immediately=True)
+        await http.aclose()
+        return sent[-1].task
+
+    task = run_in(start)
+    done = _get_until(server, key, task.id, TaskState.TASK_STATE_COMPLETED)
+    original = AgentRun.objects.get(pk=task.id)
+    assert (original.status, original.recovery) == (RunStatus.ERROR, "recovered")
+    assert done.artifacts[0].parts[0].text == "Done."
+    # The email was sent once: the recovery answered the call from its effect record.
+    assert OutboxEmail.objects.count() == 1
+
+
+def test_a_restart_while_input_required_then_the_answer_over_a2a_ends_the_same_run_once(alice, tmp_path):
+    alice.user_permissions.add(Permission.objects.get(codename="approve_toolcall"))
+    key = key_of(alice)
+
+    def start_server():
+        port = _free_port()
+        with open(tmp_path / "web.log", "ab") as log:
+            web = subprocess.Popen(web_command(host="127.0.0.1", port=port), cwd=BASE_DIR,
+                                   env=child_env(LOG_LEVEL="WARNING"), stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        wait_until_serving(url, web, tmp_path / "web.log")
+        return web, url, start_workers(tmp_path / "workers.log")
+
+    web, url, workers = start_server()
+    try:
+        async def ask():
+            http, client = await a2a_client(url, key)
+            sent = await send(client, user_message("Refund A-1001.", params={"script": [BIG_REFUND, REFUNDED]}))
+            await http.aclose()
+            return sent[-1].task
+
+        waiting = run_in(ask)
+        assert waiting.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+    finally:
+        for process in (workers, web):
+            process.kill()
+            process.wait()
+    web, url, workers = start_server()
+    try:
+        async def answer():
+            http, client = await a2a_client(url, key)
+            fetched = await client.get_task(GetTaskRequest(id=waiting.id))
+            asked = [_compat.data_part_dict(part) for part in fetched.status.message.parts if _compat.is_data_part(part)]
+            reply = Message(message_id=str(uuid.uuid4()), role=Role.ROLE_USER, task_id=waiting.id,
+                            parts=[_compat.make_data_part(
+                                data={"id": asked[0]["id"], "name": "adk_request_confirmation",
+                                      "response": {"confirmed": True}},
+                                metadata={"adk_type": "function_response"})])
+            done = (await send(client, reply))[-1].task
+            await http.aclose()
+            return fetched, done
+
+        fetched, done = run_in(answer)
+    finally:
+        stop(workers)
+        stop(web)
+    assert fetched.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+    assert (done.id, done.status.state) == (waiting.id, TaskState.TASK_STATE_COMPLETED)
+    run = AgentRun.objects.get(pk=waiting.id)
+    assert (run.status, run.attempts) == (RunStatus.SUCCESS, 2)
+    assert Refund.objects.count() == 1

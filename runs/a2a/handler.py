@@ -130,14 +130,15 @@ class LedgerRequestHandler(RequestHandler):
         turns.check_new_session_id(session_id)
         return session_id, True
 
-    async def _begin(self, params: SendMessageRequest, context: ServerCallContext) -> tuple[AgentRun, set[str]]:
-        """The run the message starts, or the waiting run it answers, with the events already sent."""
+    async def _begin(self, params: SendMessageRequest, context: ServerCallContext) -> tuple[str, AgentRun, set[str]]:
+        """The task, the run the message starts or the waiting run it answers, and the events already sent."""
         actor, message = _user(context), params.message
         content = _genai_content(message)
         answers = [part.function_response for part in content.parts if part.function_response]
         try:
             if message.task_id:
-                return await sync_to_async(self._answer)(actor, message.task_id, content, answers)
+                run, seen = await sync_to_async(self._answer)(actor, message.task_id, content, answers)
+                return message.task_id, run, seen
             if answers:
                 raise InvalidParamsError(
                     message="A function response answers a task that waits for input: send it with that task's id."
@@ -151,14 +152,14 @@ class LedgerRequestHandler(RequestHandler):
                 actor=actor, app_name=self.agent, owner_id=owner, session_id=session_id, message=content,
                 params=meta.get("params"), trigger=Trigger.A2A, enqueue=True,
             )
-            return run, set()
+            return str(run.run_id), run, set()
         except Refusal as exc:
             raise _refused(exc) from None
         except services.ValidationError as exc:
             raise InvalidParamsError(message=" ".join(" ".join(m) for m in exc.message_dict.values())) from None
 
     def _answer(self, actor: Any, task_id: str, content: types.Content, answers: list) -> tuple[AgentRun, set[str]]:
-        run = self._run(task_id, actor)
+        run = tasks.latest(self._run(task_id, actor))
         if run.status != RunStatus.WAITING:
             raise InvalidParamsError(
                 message=f"Task {task_id} is {run.status}: it waits for "
@@ -178,35 +179,35 @@ class LedgerRequestHandler(RequestHandler):
     # --- The methods ----------------------------------------------------------------------------------
 
     async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Task | Message:
-        run, _ = await self._begin(params, context)
+        task_id, run, _ = await self._begin(params, context)
         if not params.configuration.return_immediately:
             await self._settled(run)
-        return await self._task(run.run_id)
+        return await self._task(task_id)
 
     async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any]:
-        run, seen = await self._begin(params, context)
-        yield await self._task(run.run_id)
-        async for item in self._updates(run, seen):
+        task_id, run, seen = await self._begin(params, context)
+        yield await self._task(task_id)
+        async for item in self._updates(task_id, run, seen):
             yield item
 
-    async def _updates(self, run: AgentRun, seen: set[str]) -> AsyncGenerator[Any]:
+    async def _updates(self, task_id: str, run: AgentRun, seen: set[str]) -> AsyncGenerator[Any]:
         async for data in stream.follow_raw(run, seen):
-            message = await sync_to_async(tasks.event_message)(run, data)
+            message = await sync_to_async(tasks.event_message)(run, data, task_id=task_id)
             if message is not None:
-                yield tasks.working_update(run, message)
+                yield tasks.working_update(run, message, task_id=task_id)
         settled = await AgentRun.objects.aget(pk=run.run_id)
         if settled.status == RunStatus.SUCCESS:
-            yield tasks.result_update(settled)
-        yield await sync_to_async(lambda: tasks.status_update(settled, tasks.status_of(settled)))()
+            yield tasks.result_update(settled, task_id=task_id)
+        yield await sync_to_async(lambda: tasks.status_update(settled, tasks.status_of(settled), task_id=task_id))()
 
     async def on_get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task | None:
         return await sync_to_async(lambda: tasks.task_of(self._run(params.id, _user(context))))()
 
     async def on_cancel_task(self, params: CancelTaskRequest, context: ServerCallContext) -> Task | None:
         actor = _user(context)
-        run = await sync_to_async(self._run)(params.id, actor)
+        run = await sync_to_async(lambda: tasks.latest(self._run(params.id, actor)))()
         try:
             await sync_to_async(services.cancel_run)(run.run_id, actor=actor)
         except RunAlreadySettled:
@@ -220,16 +221,16 @@ class LedgerRequestHandler(RequestHandler):
             await asyncio.wait_for(self._settled(run), CANCEL_WAIT_SECONDS)
         except TimeoutError:
             pass
-        return await self._task(run.run_id)
+        return await self._task(params.id)
 
     async def on_subscribe_to_task(
         self, params: SubscribeToTaskRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any]:
-        run = await sync_to_async(self._run)(params.id, _user(context))
+        run = await sync_to_async(lambda: tasks.latest(self._run(params.id, _user(context))))()
         if run.status not in stream.GOING_ON:
             raise UnsupportedOperationError(message=f"Task {params.id} is no longer working: read it with tasks/get.")
-        yield await self._task(run.run_id)
-        async for item in self._updates(run, await sync_to_async(stream.seen_events)(run)):
+        yield await self._task(params.id)
+        async for item in self._updates(params.id, run, await sync_to_async(stream.seen_events)(run)):
             yield item
 
     async def on_list_tasks(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:

@@ -64,22 +64,22 @@ def a2a_parts(parts: list[types.Part], *, long_running: set[str] = frozenset()) 
     return converted
 
 
-def agent_message(run: AgentRun, parts: list[Part]) -> Message:
-    return Message(message_id=str(uuid.uuid4()), role=Role.ROLE_AGENT, parts=parts, task_id=str(run.run_id),
-                   context_id=run.session_id)
+def agent_message(run: AgentRun, parts: list[Part], *, task_id: str = "") -> Message:
+    return Message(message_id=str(uuid.uuid4()), role=Role.ROLE_AGENT, parts=parts,
+                   task_id=task_id or str(run.run_id), context_id=run.session_id)
 
 
 def text_message(run: AgentRun, text: str) -> Message:
     return agent_message(run, [Part(text=text)])
 
 
-def event_message(run: AgentRun, data: dict) -> Message | None:
+def event_message(run: AgentRun, data: dict, *, task_id: str = "") -> Message | None:
     """One stored ADK event of the run as the agent's message, or None when it carries nothing to say."""
     event = Event.model_validate(data)
     if event.author == "user" or not event.content or not event.content.parts:
         return None
     parts = a2a_parts(event.content.parts, long_running=set(event.long_running_tool_ids or ()))
-    return agent_message(run, parts) if parts else None
+    return agent_message(run, parts, task_id=task_id) if parts else None
 
 
 def waiting_parts(run: AgentRun) -> list[Part]:
@@ -119,25 +119,38 @@ def metadata(run: AgentRun) -> dict[str, Any]:
     }
 
 
+def latest(run: AgentRun) -> AgentRun:
+    """The run that carries the task on now: a run that died and was continued (a resume, by the
+    system's recovery or a person) lives on in its resume, in the same session."""
+    seen = {run.run_id}
+    while (following := AgentRun.objects.filter(resume_of=run).order_by("-created_at").first()) is not None:
+        if following.run_id in seen:
+            break
+        seen.add(following.run_id)
+        run = following
+    return run
+
+
 def task_of(run: AgentRun) -> Task:
-    """The run, read now, as its task."""
-    task = Task(id=str(run.run_id), context_id=run.session_id, status=status_of(run))
-    if run.status == RunStatus.SUCCESS:
-        task.artifacts.append(result_artifact(run))
-    _compat.set_struct_metadata(task, metadata(run))
+    """The run, read now, as its task: its id, and the state of the run that carries it on now."""
+    current = latest(run)
+    task = Task(id=str(run.run_id), context_id=run.session_id, status=status_of(current))
+    if current.status == RunStatus.SUCCESS:
+        task.artifacts.append(result_artifact(current))
+    _compat.set_struct_metadata(task, {**metadata(run), "current_run_id": str(current.run_id)})
     return task
 
 
-def status_update(run: AgentRun, status: TaskStatus) -> TaskStatusUpdateEvent:
-    update = TaskStatusUpdateEvent(task_id=str(run.run_id), context_id=run.session_id, status=status)
+def status_update(run: AgentRun, status: TaskStatus, *, task_id: str = "") -> TaskStatusUpdateEvent:
+    update = TaskStatusUpdateEvent(task_id=task_id or str(run.run_id), context_id=run.session_id, status=status)
     _compat.set_struct_metadata(update, metadata(run))
     return update
 
 
-def working_update(run: AgentRun, message: Message) -> TaskStatusUpdateEvent:
-    return status_update(run, TaskStatus(state=TaskState.TASK_STATE_WORKING, message=message))
+def working_update(run: AgentRun, message: Message, *, task_id: str = "") -> TaskStatusUpdateEvent:
+    return status_update(run, TaskStatus(state=TaskState.TASK_STATE_WORKING, message=message), task_id=task_id)
 
 
-def result_update(run: AgentRun) -> TaskArtifactUpdateEvent:
-    return TaskArtifactUpdateEvent(task_id=str(run.run_id), context_id=run.session_id,
+def result_update(run: AgentRun, *, task_id: str = "") -> TaskArtifactUpdateEvent:
+    return TaskArtifactUpdateEvent(task_id=task_id or str(run.run_id), context_id=run.session_id,
                                    artifact=result_artifact(run), last_chunk=True)
