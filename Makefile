@@ -91,6 +91,7 @@ bench: $(VENV)/.bench-installed
 	$(PY) bench/approvals.py --runs 1000000 --waiting 10000
 	$(PY) bench/diet_request_size.py
 	$(PY) bench/chat_ttfe.py --turns 40
+	$(PY) bench/adk_wire.py --turns 40
 	$(PY) bench/workflow_steps.py --runs 60 --warmup 5 --block 5
 	$(PY) bench/webhook_throughput.py
 	$(PY) bench/concurrency.py --runs 500 --latency 1 --serial-runs 20
@@ -118,6 +119,7 @@ bench-smoke: $(VENV)/.bench-installed
 	$(PY) bench/approvals.py --runs 1000 --waiting 20 --real 2 --repeat 1
 	$(PY) bench/diet_request_size.py
 	$(PY) bench/chat_ttfe.py --turns 2 --warmup 1
+	$(PY) bench/adk_wire.py --turns 2 --warmup 1 --block 1
 	$(PY) bench/workflow_steps.py --runs 2 --warmup 1 --block 1
 	$(PY) bench/webhook_throughput.py --events 5
 	$(PY) bench/concurrency.py --runs 10 --latency 0.1 --serial-runs 2 --warmup 1
