@@ -18,9 +18,11 @@ from typing import Any
 import pydantic
 import pydantic_core
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, ValidationError
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
+from google.adk.auth.auth_credential import _redact_credential_secrets
 from google.adk.cli.api_server import CreateSessionRequest, RunAgentRequest
 from google.adk.errors.already_exists_error import AlreadyExistsError
 from google.adk.events._internal_metadata import public_session
@@ -137,8 +139,6 @@ async def list_apps(request: HttpRequest):
 
 
 def _session_json(session: Any) -> dict:
-    from google.adk.auth.auth_credential import _redact_credential_secrets
-
     return _redact_credential_secrets(public_session(session).model_dump(exclude_none=True, by_alias=True, mode="json"))
 
 
@@ -366,8 +366,6 @@ class RunStream(StreamingHttpResponse):
         super().close()
 
     async def _frames(self):
-        from django.conf import settings
-
         try:
             async for item in self.source.events(keepalive=settings.CHAT_KEEPALIVE_SECONDS):
                 if item is None:
