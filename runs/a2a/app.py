@@ -66,6 +66,14 @@ class LedgerContextBuilder(DefaultServerCallContextBuilder):
         return context
 
 
+def _scheme() -> Any:
+    scheme = _compat.make_api_key_scheme(name="Authorization", location="header")
+    scheme.api_key_security_scheme.description = (
+        "The ledger's API token, sent as 'Authorization: Token <key>' (manage.py drf_create_token, or the admin)."
+    )
+    return scheme
+
+
 class Endpoints:
     """Each agent's card and JSON-RPC dispatcher, built on first use (per public base URL for the card)."""
 
@@ -81,7 +89,7 @@ class Endpoints:
                 agent=spec.root,
                 rpc_url=f"{base_url}{PREFIX}{agent}",
                 capabilities=AgentCapabilities(streaming=True),
-                security_schemes={SCHEME: _compat.make_api_key_scheme(name="Authorization", location="header")},
+                security_schemes={SCHEME: _scheme()},
             )
             card = await builder.build()
             card.name = agent
