@@ -269,7 +269,12 @@ def test_a_client_that_disconnects_cancels_its_run(alice_client):
         run_id = response.headers["X-Run-Id"]
         for line in response.iter_lines():
             if line.startswith("data: ") and "functionResponse" in line:
-                break  # the lookup answered; the email hangs: leave
+                # The lookup answered and the email hangs: a second message in the session is refused.
+                busy = alice_client.post("/run", json={"app_name": "support", "user_id": "jane", "session_id": sid,
+                                                       "new_message": message("Hello?")})
+                assert busy.status_code == 409
+                assert busy.json()["code"] == "session_busy" and run_id in busy.json()["detail"]
+                break  # leave
     run = wait_until(lambda: AgentRun.objects.filter(pk=run_id, status=RunStatus.CANCELLED).first(), timeout=30,
                      what="the run to be cancelled")
     assert run.tools_executed == ["lookup_customer", "send_email"]
@@ -306,3 +311,25 @@ def test_a_message_with_a_base64_file_is_the_runs_input_file_and_patch_is_refuse
     patched = alice_client.patch(f"/apps/support/users/jane/sessions/{sid}", json={"stateDelta": {"a": 1}})
     assert patched.status_code == 405
     assert "only through its runs" in patched.json()["detail"]
+
+
+@pytest.mark.parametrize("body", [
+    b"not json",
+    b'{"app_name": "support", "user_id": "jane", "session_id": "s", "new_message": {"parts": [{"text": NaN}]}}',
+    b"[" * 200 + b"]" * 200,
+    b'{"app_name": "support", "user_id": "jane\\u0000", "session_id": "s", "new_message": {"parts": [{"text": "x"}]}}',
+    b'{"app_name": "support", "user_id": "jane", "session_id": "\\ud800", "new_message": {"parts": [{"text": "x"}]}}',
+    b'{"app_name": "support", "user_id": "jane", "session_id": "s", "new_message": {"parts": []}}',
+    b'{"app_name": null, "user_id": "jane", "session_id": "s", "new_message": {"parts": [{"text": "x"}]}}',
+    b'{"app_name": "support", "user_id": "jane", "session_id": "s", "new_message": {"parts": [{"text": "x"}]}, '
+    b'"state_delta": {"a": 1}}',
+    b'{"app_name": "support", "user_id": "jane", "session_id": "s", "new_message": {"parts": [{"text": "x"}]}, '
+    b'"custom_metadata": {"trace": "t"}}',
+])
+def test_bad_input_gets_adks_error_shape_naming_the_problem_and_writes_nothing(alice_client, body):
+    alice_client.post("/apps/support/users/jane/sessions/s")
+    for path in ("/run", "/run_sse"):
+        refused = alice_client.post(path, content=body, headers={"Content-Type": "application/json"})
+        assert 400 <= refused.status_code < 500, refused.text
+        assert refused.json()["detail"]
+    assert AgentRun.objects.count() == 0
