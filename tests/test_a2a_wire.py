@@ -72,6 +72,8 @@ def test_the_card_says_where_and_how_to_authenticate(server, alice):  # noqa: F8
     assert card["supportedInterfaces"][0]["url"] == f"{server}/a2a/support"
     assert "ledgerToken" in card["securitySchemes"]
     assert httpx.get(f"{server}/a2a/nope/.well-known/agent-card.json").status_code == 404
+    assert httpx.get(f"{server}/a2a/support/.well-known/agent-card.json",
+                     headers={"Host": "evil.example"}).status_code == 400
     refused = httpx.post(f"{server}/a2a/support", json={"jsonrpc": "2.0", "id": 1, "method": "message/send"})
     assert refused.status_code == 401
     assert "Authorization: Token" in refused.json()["error"]["message"]

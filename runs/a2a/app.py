@@ -20,6 +20,8 @@ from a2a.server.routes.common import DefaultServerCallContextBuilder
 from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
 from a2a.types import AgentCapabilities, AgentCard
 from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http.request import split_domain_port, validate_host
 from google.adk.a2a import _compat
 from google.adk.a2a.utils.agent_card_builder import AgentCardBuilder
 from rest_framework import exceptions as drf_exceptions
@@ -117,7 +119,22 @@ def _base_url(request: Request) -> str:
     return str(request.base_url).rstrip("/")
 
 
+def _host_allowed(request: Request) -> bool:
+    """Django's own ALLOWED_HOSTS rule: these routes are served before Django sees the request."""
+    allowed = settings.ALLOWED_HOSTS or ([".localhost", "127.0.0.1", "[::1]"] if settings.DEBUG else [])
+    host = request.headers.get("host", "")
+    domain, _port = split_domain_port(host)
+    return bool(domain) and validate_host(domain, allowed)
+
+
+def _bad_host(request: Request) -> Response:
+    return JSONResponse({"detail": f"Invalid Host header {request.headers.get('host', '')!r}: not in ALLOWED_HOSTS."},
+                        status_code=400)
+
+
 async def agent_card(request: Request) -> Response:
+    if not _host_allowed(request):
+        return _bad_host(request)
     agent = request.path_params["agent"]
     try:
         card = await ENDPOINTS.card(agent, _base_url(request))
@@ -129,6 +146,8 @@ async def agent_card(request: Request) -> Response:
 
 
 async def rpc(request: Request) -> Response:
+    if not _host_allowed(request):
+        return _bad_host(request)
     agent = request.path_params["agent"]
     try:
         user = await authenticate(request)

@@ -45,6 +45,7 @@ from a2a.utils.errors import (
 from asgiref.sync import sync_to_async
 from google.adk.a2a import _compat
 from google.adk.a2a.converters.part_converter import convert_a2a_part_to_genai_part
+from google.adk.errors.already_exists_error import AlreadyExistsError
 from google.genai import types
 
 from agents.adk import session_service
@@ -147,7 +148,10 @@ class LedgerRequestHandler(RequestHandler):
             owner = await sync_to_async(self._owner)(actor, message)
             session_id, new = await sync_to_async(self._session_for)(owner, message.context_id)
             if new:
-                await session_service().create_session(app_name=self.agent, user_id=owner, session_id=session_id)
+                try:
+                    await session_service().create_session(app_name=self.agent, user_id=owner, session_id=session_id)
+                except AlreadyExistsError:
+                    pass  # a message of the same new context got there first: the session is there now
             run = await sync_to_async(turns.begin_turn)(
                 actor=actor, app_name=self.agent, owner_id=owner, session_id=session_id, message=content,
                 params=meta.get("params"), trigger=Trigger.A2A, enqueue=True,
