@@ -107,7 +107,7 @@ class LedgerRequestHandler(RequestHandler):
         return await sync_to_async(lambda: tasks.task_of(AgentRun.objects.get(pk=run_id)))()
 
     async def _settled(self, run: AgentRun) -> AgentRun:
-        async for _ in stream.follow(run, await sync_to_async(stream.seen_events)(run)):
+        async for _ in stream.follow_raw(run, await sync_to_async(stream.seen_events)(run)):
             pass
         return await AgentRun.objects.aget(pk=run.run_id)
 
