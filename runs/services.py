@@ -289,8 +289,8 @@ def write_queued_run(*, actor: Any, chat: bool = False, enqueue: bool = True, **
         )
     run = AgentRun.objects.create(**fields)
     if enqueue:
-        run_id = run.run_id
-        transaction.on_commit(lambda: lifecycle.enqueue_run(run_id))
+        # In the same transaction: the workers are told when (and only if) the row commits.
+        lifecycle.announce_run(run.run_id)
     return run
 
 

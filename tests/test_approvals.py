@@ -23,9 +23,9 @@ from agents.models import Refund
 from agents.services import save_workflow
 from runs import approvals, executor, overview, reconcile, resume, services
 from runs import replay as rules
+from runs.executor import execute as execute_run
 from runs.models import AgentRun, Decision, PendingCall, RunStatus, ToolEffect, WaitKind
 from runs.refusals import AlreadyDecided, ApproveNotPermitted, RunWaiting
-from runs.tasks import execute_run
 from tests.helpers import LOOKUP, postgres_only, run_now, run_python, script_params
 from tests.test_chat import _turn, alice_token, server  # noqa: F401 - the live server's fixtures
 
@@ -404,7 +404,7 @@ def test_a_worker_killed_while_its_run_waits_leaves_it_waiting_and_an_approval_c
     (pending,) = run.pending_calls.all()
     approvals.decide_call(run_id=run_id, call_id=pending.call_id, actor=approver, decision="approve", note="ok")
     # Another worker process takes it.
-    worker = run_python(f"from runs.tasks import execute_run\nprint(execute_run({run_id!r}))")
+    worker = run_python(f"from runs.executor import execute as execute_run\nprint(execute_run({run_id!r}))")
     assert worker.returncode == 0, worker.stderr[-3000:]
     assert worker.stdout.split()[-1] == RunStatus.SUCCESS
     run.refresh_from_db()
@@ -456,7 +456,7 @@ def test_a_worker_killed_inside_the_approved_tool_leaves_it_in_doubt_never_done_
     AgentRun.objects.filter(pk=run.pk).update(config={**run.config, "params": script_params(
         dict(BIG_REFUND, crash="after_effect"), REFUNDED)})
     approvals.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="approve")
-    worker = run_python(f"from runs.tasks import execute_run\nexecute_run({str(run.run_id)!r})")
+    worker = run_python(f"from runs.executor import execute as execute_run\nexecute_run({str(run.run_id)!r})")
     assert worker.returncode == -signal.SIGKILL, worker.stderr[-3000:]
     assert Refund.objects.count() == 1  # it acted, then died
     reconcile.sweep(now=timezone.now() + timedelta(hours=1))
@@ -495,7 +495,7 @@ def test_a_chat_turn_queued_again_after_it_waited_is_a_workers_not_abandoned(ali
     # Its server's client is gone, but the turn was claimed before: nothing to abandon.
     assert reconcile.abandon_lost_chat_turns(now=later) == 0
     monkeypatch.setattr(reconcile, "runs_waiting_in_broker", lambda **_: set())
-    monkeypatch.setattr(reconcile.lifecycle, "enqueue_run", lambda run_id: None)
+    monkeypatch.setattr(reconcile.lifecycle, "announce_run", lambda run_id: None)
     assert reconcile.requeue_lost_runs(now=later) == [run.run_id]
     run.refresh_from_db()
     assert run.status == RunStatus.QUEUED

@@ -28,9 +28,9 @@ from rest_framework.authtoken.models import Token
 
 from agents.models import Refund
 from runs import approvals, effects, reconcile, recovery, services
+from runs.executor import execute as execute_run
 from runs.management.commands.serve import web_command
 from runs.models import AgentRun, Decision, PendingCall, RunStatus
-from runs.tasks import execute_run
 from tests.helpers import BASE_DIR, child_env, postgres_only, run_python, wait_until, wait_until_serving
 from tests.test_approvals import BIG_REFUND, REFUNDED, approver, waiting_refund  # noqa: F401 - fixture
 from tests.test_chat import _free_port
@@ -125,7 +125,7 @@ def test_a_run_waits_through_a_killed_worker_and_a_restarted_web_then_goes_on_on
 
 _PRELUDE = """
 import os, signal
-from runs.tasks import execute_run
+from runs.executor import execute as execute_run
 KILL = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
 """
 

@@ -22,9 +22,9 @@ from django_q.models import OrmQ
 
 from agents.models import CrmNote, OutboxEmail
 from runs import lifecycle, reconcile, services, worker
+from runs.executor import execute as execute_run
 from runs.models import AgentRun, RunStatus, ToolCallStatus
 from runs.outcomes import WORKER_SHUTDOWN
-from runs.tasks import execute_run
 from tests.helpers import (
     BASE_DIR,
     LOOKUP,

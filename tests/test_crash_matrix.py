@@ -47,8 +47,8 @@ from django.utils import timezone
 
 from agents.models import OutboxEmail
 from runs import effects, reconcile, recovery, replay, services
+from runs.executor import execute as execute_run
 from runs.models import AgentRun, EffectStatus, RunStatus, ToolEffect
-from runs.tasks import execute_run
 from tests.helpers import EMAIL_ARGS, SAY_DONE, package_source, postgres_only, run_python
 
 # A worker process killed with SIGKILL must see the test's rows, and the test its commits.
