@@ -78,8 +78,8 @@ def claimable_runs():
 def claim_queued_runs(*, worker: str, limit: int) -> list[AgentRun]:
     """Claim up to `limit` claimable runs for `worker`, oldest first, each under a fresh lease.
 
-    PostgreSQL: one statement, `UPDATE … WHERE run_id IN (SELECT … FOR UPDATE SKIP LOCKED LIMIT
-    :limit) RETURNING` every column, so concurrent workers split a backlog without waiting on
+    PostgreSQL: one statement, `WITH picked AS (SELECT … LIMIT :limit FOR UPDATE SKIP LOCKED)
+    UPDATE … FROM picked RETURNING` every column, so concurrent workers split a backlog without waiting on
     each other and never take the same row. SQLite (one writer at a time): the same conditional
     claim (`claim_and_load_run`) over a few candidates.
     """
@@ -101,18 +101,21 @@ def claim_queued_runs(*, worker: str, limit: int) -> list[AgentRun]:
         return connection.ops.quote_name(AgentRun._meta.get_field(name).column)
 
     table = connection.ops.quote_name(AgentRun._meta.db_table)
-    columns = ", ".join(connection.ops.quote_name(field.column) for field in AgentRun._meta.concrete_fields)
     now = AgentRun._meta.get_field("started_at").get_db_prep_save(timezone.now(), connection)
+    # The candidates in a MATERIALIZED CTE, picked once: as `run_id IN (subquery)` the planner may
+    # run the LIMITed subquery more than once and claim more rows than there are free slots.
     sql = (
+        f"WITH picked AS MATERIALIZED (SELECT {quote('run_id')} FROM {table} WHERE {quote('status')} = %s "
+        f"AND NOT ({quote('trigger')} = %s AND {quote('attempts')} = 0) ORDER BY {quote('created_at')} LIMIT %s "
+        f"FOR UPDATE SKIP LOCKED) "
         f"UPDATE {table} SET {quote('status')} = %s, {quote('started_at')} = %s, {quote('heartbeat_at')} = %s, "
         f"{quote('attempts')} = {quote('attempts')} + 1, {quote('worker')} = %s, {quote('lease')} = gen_random_uuid() "
-        f"WHERE {quote('run_id')} IN (SELECT {quote('run_id')} FROM {table} WHERE {quote('status')} = %s "
-        f"AND NOT ({quote('trigger')} = %s AND {quote('attempts')} = 0) ORDER BY {quote('created_at')} LIMIT %s FOR UPDATE SKIP LOCKED) "
-        f"AND {quote('status')} = %s RETURNING {columns}"
+        f"FROM picked WHERE {table}.{quote('run_id')} = picked.{quote('run_id')} AND {table}.{quote('status')} = %s "
+        f"RETURNING {', '.join(f'{table}.{connection.ops.quote_name(field.column)}' for field in AgentRun._meta.concrete_fields)}"
     )
     params = [
-        RunStatus.RUNNING.value, now, now, worker, RunStatus.QUEUED.value, Trigger.CHAT.value, limit,
-        RunStatus.QUEUED.value,
+        RunStatus.QUEUED.value, Trigger.CHAT.value, limit,
+        RunStatus.RUNNING.value, now, now, worker, RunStatus.QUEUED.value,
     ]
     claimed = list(AgentRun.objects.raw(sql, params))
     RUNS_CLAIMED.inc(len(claimed))

@@ -53,9 +53,10 @@ def _start_web(log_path: Path) -> tuple[subprocess.Popen, str]:
 
 
 def _start_cluster(log_path: Path) -> subprocess.Popen:
+    """The worker processes (`runworker`, one process)."""
     with open(log_path, "ab") as log:
-        return subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=BASE_DIR,
-                                env=child_env(Q_WORKERS="1", Q_POLL_SECONDS="0.1", LOG_LEVEL="WARNING"),
+        return subprocess.Popen([sys.executable, "manage.py", "runworker", "--processes", "1"], cwd=BASE_DIR,
+                                env=child_env(RUN_POLL_SECONDS="0.5", LOG_LEVEL="WARNING"),
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -161,7 +162,7 @@ def _chain(run_id) -> list[AgentRun]:
 
 def _past_the_stale_window():
     return timezone.now() + timedelta(
-        seconds=max(settings.RUN_STALE_AFTER_SECONDS, settings.RUN_REQUEUE_AFTER_SECONDS) + 1)
+        seconds=settings.RUN_STALE_AFTER_SECONDS + 1)
 
 
 @pytest.mark.parametrize("point", list(KILL_POINTS))
