@@ -290,6 +290,10 @@ RUN_WORKER_PROCESSES = env_int("RUN_WORKER_PROCESSES", 2, minimum=1)
 # How often an idle worker process looks for claimable runs and events without being told: the
 # only way on SQLite; on PostgreSQL a NOTIFY wakes it at once and this bounds a lost one's delay.
 RUN_POLL_SECONDS = env_float("RUN_POLL_SECONDS", 2.0, minimum=0.05)
+# Each worker process LISTENs on one dedicated PostgreSQL connection (and holds its advisory lock
+# there, so other machines see its death at once). Off where no session can be held (a pooler in
+# transaction mode): workers then poll, and a lost machine is found by staleness.
+RUN_LISTEN = env_bool("RUN_LISTEN", True)
 # The machine's name in the claims of its worker processes (`WORKER_HOST:pid/worker`); empty: the hostname.
 WORKER_HOST = env_str("WORKER_HOST", "")
 # On SIGTERM a worker lets its runs finish this long, then aborts the rest (`worker_shutdown`).

@@ -19,6 +19,7 @@ import select
 import time
 from typing import Any
 
+from django.conf import settings
 from django.db import connections
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ class Listener:
         self.using = using
         self.on_connect = on_connect
         self.connection: Any = None
-        self.enabled = connections[using].vendor == "postgresql"
+        self.enabled = connections[using].vendor == "postgresql" and settings.RUN_LISTEN
 
     def connect(self) -> None:
         if not self.enabled or self.connection is not None:

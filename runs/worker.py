@@ -156,7 +156,10 @@ class WorkerProcess:
     """The claim loop of one worker process, with its listener, sweep and inbox loop."""
 
     def __init__(self, *, capacity: int | None = None, parent_pid: int | None = None) -> None:
-        lifecycle.become_runworker_process()
+        self.listener = wakeup.Listener(on_connect=self._take_lock)
+        if self.listener.enabled:
+            # Its claims carry a name others may judge by its lock (runs.presence).
+            lifecycle.become_runworker_process()
         self.name = lifecycle.worker_name()
         self.parent_pid = parent_pid
         self.stopping = threading.Event()
@@ -164,7 +167,6 @@ class WorkerProcess:
         os.set_blocking(self._wake_write, False)
         os.set_blocking(self._wake_read, False)
         self.pool = RunPool(capacity=capacity or settings.RUN_CONCURRENCY, on_slot_freed=self.wake)
-        self.listener = wakeup.Listener(on_connect=self._take_lock)
         # Without its lock (PostgreSQL) the process claims nothing: another would judge its runs dead.
         self.may_claim = not self.listener.enabled
         self.inbox_due = threading.Event()
@@ -282,7 +284,11 @@ def serve_worker_process(*, parent_pid: int | None = None, capacity: int | None 
 def after_worker_death(*, pid: int) -> int:
     """Reconcile and recover the runs of this machine's dead worker process `pid`; how many were reconciled."""
     close_old_connections()
-    landed = reconcile.reconcile_dead_worker(worker=lifecycle.runworker_name(pid=pid))
+    landed = [
+        run
+        for name in {lifecycle.runworker_name(pid=pid), f"{lifecycle.worker_host()}:{pid}"}
+        for run in reconcile.reconcile_dead_worker(worker=name)
+    ]
     for run in landed:
         try:
             recovery.recover(run_id=run.run_id)
