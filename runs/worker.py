@@ -197,6 +197,9 @@ class WorkerProcess:
             except Exception:  # noqa: BLE001 - the poll covers what a missing listener misses
                 logger.warning("Worker %s: no listener connection; polling", self.name, exc_info=True)
         listening = self.listener.connection is not None
+        if self.listener.enabled and not listening:
+            # Its lock went with the connection: claims now would be judged dead by the others.
+            self.may_claim = False
         if listening:
             fds.append(self.listener.connection.fileno())
         import select
@@ -209,7 +212,10 @@ class WorkerProcess:
             except BlockingIOError:
                 pass
         if listening:
-            return self.listener.wait(0)
+            channels = self.listener.wait(0)
+            if self.listener.connection is None:
+                self.may_claim = False  # it failed just now, and its lock with it
+            return channels
         return set()
 
     def run(self) -> None:
