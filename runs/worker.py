@@ -26,6 +26,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import os
+import select
 import signal
 import threading
 import time
@@ -202,8 +203,6 @@ class WorkerProcess:
             self.may_claim = False
         if listening:
             fds.append(self.listener.connection.fileno())
-        import select
-
         readable, _, _ = select.select(fds, [], [], seconds)
         if self._wake_read in readable:
             try:
@@ -226,6 +225,11 @@ class WorkerProcess:
         inbox.start()
         poll = settings.RUN_POLL_SECONDS
         try:
+            if self.listener.enabled:
+                try:
+                    self.listener.connect()  # its lock first: then its first claim
+                except Exception:  # noqa: BLE001 - retried at every wait
+                    logger.warning("Worker %s: no listener connection yet", self.name, exc_info=True)
             while not self.stopping.is_set():
                 if self.parent_pid is not None and os.getppid() != self.parent_pid:
                     logger.warning("Worker %s: its parent is gone; stopping", self.name)
