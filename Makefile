@@ -97,6 +97,7 @@ bench: $(VENV)/.bench-installed
 	$(PY) bench/concurrency.py --runs 500 --latency 1 --serial-runs 20
 	$(PY) bench/concurrency.py --wire --runs 100 --latency 1
 	$(PY) bench/recovery.py --kills 20 --lost-machine 2
+	$(PY) bench/claim_rate.py --runs 400 --processes 1,2,4,8 --latency-runs 40
 	$(PY) bench/report.py --markdown $(BENCH_REPORT) --docs docs/benchmarks.md
 
 # Every benchmark at its smallest size, so none can rot unseen (CI runs this on PostgreSQL). The
@@ -124,6 +125,7 @@ bench-smoke: $(VENV)/.bench-installed
 	$(PY) bench/webhook_throughput.py --events 5
 	$(PY) bench/concurrency.py --runs 10 --latency 0.1 --serial-runs 2 --warmup 1
 	$(PY) bench/recovery.py --kills 1 --lost-machine 1 --events 5
+	$(PY) bench/claim_rate.py --runs 10 --processes 1,2 --latency-runs 3
 	$(PY) bench/report.py --results $(BENCH_SMOKE_RESULTS) --strict
 	$(PY) bench/_benchdb.py drop-template
 

@@ -4,8 +4,8 @@ Fills agentledger_bench_approvals with the desk benchmark's ledger (N runs over 
 bench/desk_overview.py), measures the desk's first page (the peer: the same page on the same
 ledger before any run waits), then adds W waiting runs, each with its open PendingCall (written by
 INSERT … SELECT generate_series on the server, every NOT NULL column filled), and parks --real runs
-for real: each `execute_run` task hands its run to this process's worker pool (runs.worker), where
-the scripted `support` agent asks for a refund's approval. Then it measures:
+for real: each run is claimed into this process's worker pool (runs.worker), where the scripted
+`support` agent asks for a refund's approval. Then it measures:
 
 - what the waiting runs hold: the worker pool's busy slots, the runs under this process's
   heartbeat, and the connections open on the database (pg_stat_activity) once the process has
@@ -75,23 +75,25 @@ def connection_list() -> list[tuple]:
 
 
 def park_real_runs(count: int) -> tuple[list, int, int]:
-    """Park `count` runs for real, as a worker does: each run is handed to a worker's run pool
-    (runs.worker, as `execute_run` does in a cluster), the scripted `support` agent asks for a refund's approval and
-    the run leaves the pool `waiting`. Returns the ids, and the pool's capacity and busy slots after."""
+    """Park `count` runs for real, as a worker does: each run is claimed into a worker's run pool
+    (runs.worker), the scripted `support` agent asks for a refund's approval and the run leaves the
+    pool `waiting`. Returns the ids, and the pool's capacity and busy slots after."""
     from django.conf import settings
 
-    from runs import services, worker
+    from runs import lifecycle, services, worker
     from runs.models import AgentRun, RunStatus
 
-    # The pool a cluster's worker process runs (`execute_run` submits to it there); made here
-    # without start_pool, whose drain at exit belongs to a worker process, not to this script.
+    # The pool a worker process runs; each run is claimed by id (the filled ledger holds old
+    # queued rows a claim of the oldest would take) and adopted, as the worker does after its claim.
     pool = worker.RunPool(capacity=settings.RUN_CONCURRENCY)
     script = [{"call": "issue_refund", "args": {"order_id": "A-1001", "amount_cents": 25_000}}, {"say": "Refunded."}]
     ids = []
     for _ in range(count):
         run = services.start_run(agent_name="support", message="Refund", owner_id="bench",
                                  params={"script": script}, enqueue=False)
-        assert pool.submit(run_id=run.run_id, wait_seconds=settings.RUN_SLOT_WAIT_SECONDS) == worker.STARTED
+        claimed = lifecycle.claim_and_load_run(run_id=run.run_id, worker=lifecycle.worker_name())
+        assert claimed is not None
+        pool.adopt(claimed)
         ids.append(run.run_id)
     deadline = time.monotonic() + 120
     while AgentRun.objects.filter(pk__in=ids, status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).exists() or pool.in_flight:

@@ -162,7 +162,7 @@ def main() -> None:
         print("\nresults")
         print(f"  sweep reconciling {STALE:,} stale runs among {TOTAL:,}: median {statistics.median(rounds):.3f} s "
               f"({STALE / statistics.median(rounds):,.0f} runs/s, {statistics.median(rounds) / STALE * 1000:.1f} ms a run)")
-        print(f"  every-minute sweep with nothing stale (reconcile + requeue): median {statistics.median(empty) * 1000:.1f} ms")
+        print(f"  every-minute sweep with nothing stale (reconcile + lost chat turns): median {statistics.median(empty) * 1000:.1f} ms")
         print(f"  candidate scan with the (status, heartbeat_at) index: {indexed_scan * 1000:.2f} ms")
         print(f"  candidate scan with index scans disabled (peer):      {unindexed_scan * 1000:.2f} ms")
         print(f"  ratio peer / indexed: {unindexed_scan / indexed_scan:,.0f}x")

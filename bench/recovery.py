@@ -1,15 +1,16 @@
 """Recovery without a person: seconds from a worker's SIGKILL to its run's successful end.
 
-A real cluster (`manage.py qcluster`, default settings: RUN_STALE_AFTER_SECONDS=60,
+Real worker processes (`manage.py runworker`, default settings: RUN_STALE_AFTER_SECONDS=60,
 RUN_HEARTBEAT_SECONDS=10, RUN_RECOVERY=resume) runs the `support` agent's two-effect script
 (`send_email`, then `update_crm` after the model thinks for a second, then an answer). Each round
 SIGKILLs the worker process holding the run between the two tool calls (the email sent, the CRM
-note not yet) and times, from the kill, the moment the run's chain (the run and the continuation
+note not yet; its parent sees it die) and times, from the kill, the moment the run's chain (the run and the continuation
 the system started for it) ends in success. Each chain must hold exactly one email and one note.
 
-Then the lost machine: the whole cluster is SIGKILLed (no parent is left to notice) and a second
-cluster stands for the other machines; the run is found by heartbeat staleness alone, in that
-cluster's own sweep every few seconds (`runs.sweeper`), and continued.
+Then the lost machine: a whole `runworker` (WORKER_HOST=lost) is SIGKILLed, no parent left to
+notice, and another (WORKER_HOST=other) stands for the other machines; its sweep every few seconds
+(`runs.sweeper`) sees the dead processes' advisory locks gone (`runs.presence`) and continues the
+run, without waiting for staleness.
 
 Last, the price of fencing per durable event: statements, round trips and commits of one
 function-call event with its journal row, unfenced (a run without a lease, as before) and fenced
@@ -59,9 +60,9 @@ SCRIPT_TAIL = [
 
 def _cluster(env_extra: dict[str, str] | None = None) -> subprocess.Popen:
     env = dict(os.environ)
-    env.update(SCRIPTED_FAULTS_ENABLED="true", SCRIPTS_FROM_USERS_ALLOWED="true", Q_WORKERS="2",
+    env.update(SCRIPTED_FAULTS_ENABLED="true", SCRIPTS_FROM_USERS_ALLOWED="true", RUN_WORKER_PROCESSES="2",
                EMAIL_BACKEND="django.core.mail.backends.locmem.EmailBackend", **(env_extra or {}))
-    return subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "manage.py", "runworker"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
@@ -128,7 +129,7 @@ def kill_workers(kills: int) -> tuple[list[float], list[dict]]:
             from runs.models import AgentRun
 
             worker = AgentRun.objects.get(pk=run.pk).worker
-            os.kill(int(worker.rsplit(":", 1)[1]), signal.SIGKILL)
+            os.kill(int(worker.rsplit(":", 1)[1].split("/", 1)[0]), signal.SIGKILL)
             killed = time.monotonic()
             end = _wait_for(lambda run=run: (c := _chain(run.run_id))[-1].status == "success" and c, seconds=240)
             took = time.monotonic() - killed
@@ -147,7 +148,7 @@ def kill_workers(kills: int) -> tuple[list[float], list[dict]]:
 
 
 def lose_machines(count: int) -> tuple[list[float], list[dict]]:
-    """The whole cluster dies; another one (another machine) is left: staleness, then the sweep."""
+    """A whole runworker dies; another one (another machine) is left: its sweep sees the locks gone."""
     from django.conf import settings
 
     from runs.periodic_jobs import setup_schedules
@@ -155,7 +156,7 @@ def lose_machines(count: int) -> tuple[list[float], list[dict]]:
     setup_schedules()
     seconds, rounds = [], []
     for index in range(count):
-        doomed = _cluster()
+        doomed = _cluster({"WORKER_HOST": "lost"})
         try:
             run = _start(1000 + index)
             if not _wait_for(lambda run=run: _between_two_tools(run), seconds=120):
@@ -164,7 +165,7 @@ def lose_machines(count: int) -> tuple[list[float], list[dict]]:
         finally:
             _stop(doomed)
         killed = time.monotonic()
-        survivor = _cluster()
+        survivor = _cluster({"WORKER_HOST": "other"})
         try:
             end = _wait_for(lambda run=run: (c := _chain(run.run_id))[-1].status == "success" and c,
                             seconds=settings.RUN_STALE_AFTER_SECONDS + 240)

@@ -279,18 +279,23 @@ MAX_MESSAGE_CHARS = env_int("MAX_MESSAGE_CHARS", 100_000, minimum=1)
 RUN_HEARTBEAT_SECONDS = env_float("RUN_HEARTBEAT_SECONDS", 10.0, minimum=0.05)
 RUN_STALE_AFTER_SECONDS = env_int("RUN_STALE_AFTER_SECONDS", 60, minimum=1)
 RUN_MAX_SILENCE_HOURS = env_int("RUN_MAX_SILENCE_HOURS", 6, minimum=1)
-# A run still queued this long with no task waiting for it in the broker is enqueued again
-# (runs.reconcile.requeue_lost_runs); the claim makes a duplicate harmless.
-RUN_REQUEUE_AFTER_SECONDS = env_int("RUN_REQUEUE_AFTER_SECONDS", 60, minimum=1)
 # A call that waits for a person (or a long-running tool's result) longer than this is rejected by the system.
 APPROVAL_TIMEOUT_SECONDS = env_int("APPROVAL_TIMEOUT_SECONDS", 259_200, minimum=1)
 RUN_TIMEOUT_SECONDS = env_int("RUN_TIMEOUT_SECONDS", 1800, minimum=1)
-# Runs one worker process keeps in flight on its agent loop (runs.worker). Its django-q2 worker
-# takes another run only when one of these slots is free.
+# Runs one worker process keeps in flight on its agent loop (runs.worker); it claims another run
+# from the ledger only when one of these slots is free.
 RUN_CONCURRENCY = env_int("RUN_CONCURRENCY", 100, minimum=1)
-# How long a task waits for a free slot before handing its run back to the broker (so a full
-# worker never holds a run that another worker could start, and reads its stop pill soon).
-RUN_SLOT_WAIT_SECONDS = env_float("RUN_SLOT_WAIT_SECONDS", 10.0, minimum=0.1)
+# Worker processes `manage.py runworker` starts on this machine (each up to RUN_CONCURRENCY runs).
+RUN_WORKER_PROCESSES = env_int("RUN_WORKER_PROCESSES", 2, minimum=1)
+# How often an idle worker process looks for claimable runs and events without being told: the
+# only way on SQLite; on PostgreSQL a NOTIFY wakes it at once and this bounds a lost one's delay.
+RUN_POLL_SECONDS = env_float("RUN_POLL_SECONDS", 2.0, minimum=0.05)
+# Each worker process LISTENs on one dedicated PostgreSQL connection (and holds its advisory lock
+# there, so other machines see its death at once). Off where no session can be held (a pooler in
+# transaction mode): workers then poll, and a lost machine is found by staleness.
+RUN_LISTEN = env_bool("RUN_LISTEN", True)
+# The machine's name in the claims of its worker processes (`WORKER_HOST:pid/worker`); empty: the hostname.
+WORKER_HOST = env_str("WORKER_HOST", "")
 # On SIGTERM a worker lets its runs finish this long, then aborts the rest (`worker_shutdown`).
 RUN_DRAIN_SECONDS = env_float("RUN_DRAIN_SECONDS", 30.0, minimum=0)
 # A run that died (reconciled, or aborted by a drain) is continued by the system as a resume when
@@ -422,25 +427,20 @@ RUN_INPUTS_RETENTION_DAYS = env_int("RUN_INPUTS_RETENTION_DAYS", 90, minimum=0)
 
 # --- Background jobs (django-q2 on the ORM broker) -----------------------------------------------
 
-Q_WORKERS = env_int("Q_WORKERS", 2, minimum=1)
-_task_timeout = RUN_TIMEOUT_SECONDS + 60
+# The periodic jobs only (reconcile and recover, purges, schedules, approval expiry, webhook
+# sweeps): runs are claimed from the ledger by `runworker`, never passed through django-q2.
+Q_WORKERS = env_int("Q_WORKERS", 1, minimum=1)
+# A purge or a sweep of a large backlog may take minutes; `retry` must exceed `timeout` or a long
+# job is delivered twice while it still runs. Every job is idempotent regardless.
+_task_timeout = 600
 Q_CLUSTER = {
     "name": "agentledger",
     "orm": "default",
     "workers": Q_WORKERS,
-    # A worker that outlives `timeout` is killed; `retry` must exceed it or a long task is
-    # delivered twice while it still runs. Every task is idempotent regardless.
     "timeout": _task_timeout,
     "retry": _task_timeout + 120,
     "max_attempts": 3,
     "ack_failures": False,
-    # A worker process keeps up to RUN_CONCURRENCY runs in flight after their tasks returned;
-    # recycling it (or a max_rss) would drain them, so it is off unless asked for
-    # (docs/architecture.md, "Many runs per worker process").
-    "recycle": env_int("Q_RECYCLE", 0, minimum=0),
-    # Tasks the pusher holds in the cluster's own queue: one per worker, so a full cluster leaves
-    # the rest of the backlog in the broker for other clusters.
-    "queue_limit": Q_WORKERS,
     "catch_up": False,
     "save_limit": 1000,
     "poll": env_float("Q_POLL_SECONDS", 0.5, minimum=0.05),

@@ -12,7 +12,7 @@ run, not of a process:
 - **Answering.** `decide_call` (approve / reject, a note, a payload where the tool asks for one;
   `runs.approve_toolcall`) and `give_result` (a long-running call's answer; `runs.answer_toolcall`
   and the owner rule; both asked in `runs.permissions`) lock the call's row, take the answer once, and — in the same transaction —
-  when the run waits for nothing more, move it `waiting → queued` and enqueue it on commit.
+  when the run waits for nothing more, move it `waiting → queued` (a worker claims it after the commit).
 - **Continuing as the same run.** The worker claims it again (`attempts + 1`); the executor sends
   the answers as the new message (`continuation`): ADK's confirmation processor pairs each decision
   with its `adk_request_confirmation` call, runs an approved tool under every rule (journal, effect
@@ -202,13 +202,12 @@ def _record(pending: PendingCall, *, decision: str, actor: Any, note: str, paylo
 
 
 def _continue_if_answered(run: AgentRun) -> bool:
-    """Queue the run again once it waits for nothing more; enqueued when the answer commits."""
+    """Queue the run again once it waits for nothing more; the workers are told when the answer commits."""
     if PendingCall.objects.filter(run_id=run.run_id, decision="").exists():
         return False
     queued = AgentRun.objects.filter(pk=run.run_id, status=RunStatus.WAITING).update(status=RunStatus.QUEUED)
     if queued:
-        run_id = run.run_id
-        transaction.on_commit(lambda: lifecycle.enqueue_run(run_id))
+        lifecycle.announce_run(run.run_id)
     return bool(queued)
 
 

@@ -12,25 +12,13 @@ class RunsConfig(AppConfig):
 
     def ready(self) -> None:
         # Registers the journal's hook on ADK's event rows in every process that stores events.
-        # Each worker process of a django-q2 cluster keeps many runs in flight (runs.worker).
-        from django_q.signals import post_spawn
-
         from agents.session_store import install_append_fence, install_append_rider
-        from runs import (
-            deaths,
-            journal,
-            leases,
-            worker,
-        )
+        from runs import journal, leases
 
         # An event of a run is stored only while its attempt still holds the run.
         install_append_fence(leases.EventFence())
         # A function response's journal rows are written by its event's own statement.
         install_append_rider(journal.AnswersRider())
-        # A cluster's sentinel reconciles (and recovers) a dead worker's runs at once.
-        deaths.watch_worker_deaths()
-
-        post_spawn.connect(worker.on_worker_spawned, dispatch_uid="runs.worker.on_worker_spawned")
         # The SQLite files hold API tokens, sessions and webhook secrets: 0600 from the first connection.
         connection_created.connect(make_sqlite_files_private, dispatch_uid="config.lib.files.sqlite_private")
 

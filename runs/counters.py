@@ -24,3 +24,6 @@ LEASE_REFUSALS = prometheus_client.Counter(
 RECOVERIES = prometheus_client.Counter(
     "agentledger_recoveries", "Runs that died and that this process continued as a resume, without a person."
 )
+RUNS_CLAIMED = prometheus_client.Counter(
+    "agentledger_runs_claimed", "Runs claimed from the ledger by worker processes (their rate is the claim rate).",
+)

@@ -5,9 +5,9 @@ heartbeat (`runs.heartbeat`, a plain thread) keeps every run it holds alive and 
 cancellation and each run's time limit back into the loop as ADK's abort signal, which seals
 pending calls instead of leaving them dangling.
 
-Three doors share one implementation: `drive()` for a run the worker's pool (`runs.worker`)
-claimed and keeps in flight beside others, `execute()` for a caller that waits for its run
-(`run_agent --inline`, tasks outside a cluster), and `aexecute()` for a chat turn streamed by the
+Three doors share one implementation: `drive()` for a run a worker process (`runs.worker`)
+claimed from the ledger and keeps in flight beside others, `execute()` for a caller that waits
+for its run (`run_agent --inline`, a webhook event's worker, the test suite), and `aexecute()` for a chat turn streamed by the
 ASGI server on its own loop. All claim, beat, run and settle in the same way. What a run came to
 (its `Outcome`, said for people) is `runs.outcomes`.
 """
@@ -262,16 +262,24 @@ async def append_responses(run: AgentRun, plan: ResumePlan) -> None:
     )
 
 
+NOT_CLAIMED = "not claimed"
+
+
 def begin(run_id: uuid.UUID, control: RunControl) -> bool:
     """Claim the run and start its heartbeat; False if it was no longer queued."""
     run = lifecycle.claim_and_load_run(run_id=run_id, worker=lifecycle.worker_name())
     if run is None:
         logger.info("Run %s was not claimed: it is no longer queued", run_id)
         return False
+    adopt(run, control)
+    return True
+
+
+def adopt(run: AgentRun, control: RunControl) -> None:
+    """Hold a run this process just claimed (`run`, the row as claimed): its heartbeat starts."""
     control.run = run
     control.faults_honoured = faults_honoured(run)
     control.start()
-    return True
 
 
 def finish(run_id: uuid.UUID, control: RunControl, outcome: Outcome) -> None:
@@ -331,7 +339,12 @@ def execute(run_id: uuid.UUID) -> str:
     """Claim and run one run; safe to call twice (the second call finds nothing to claim)."""
     control = RunControl(run_id)
     if not begin(run_id, control):
-        return "not claimed"
+        return NOT_CLAIMED
+    return run_adopted(run_id, control)
+
+
+def run_adopted(run_id: uuid.UUID, control: RunControl) -> str:
+    """Run a run this process holds (`begin` or `adopt`) to its end here; its status."""
     outcome = outcomes.INTERNAL_OUTCOME
     try:
         refresh_orm_thread_connections()

@@ -13,28 +13,114 @@ import socket
 import uuid
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from django.db import DatabaseError, connections, transaction
 from django.db.models import F
 from django.utils import timezone
-from django_q.tasks import async_task
 
 from memory.services import remember_session
-from runs import chain, journal, leases
-from runs.models import AgentRun, RunStatus
+from runs import chain, journal, leases, wakeup
+from runs.counters import RUNS_CLAIMED
+from runs.models import STREAMED_TRIGGERS, AgentRun, RunStatus
 from runs.steps import settle_unfinished_steps
 
 logger = logging.getLogger(__name__)
 
 
-def enqueue_run(run_id: uuid.UUID) -> None:
-    # No Success row per run: the run row is the record, and django-q2's monitor locks and reads
-    # every kept success (save_limit) to prune one per saved task, a core's fifth at 10 runs/s.
-    # A task that fails is still saved.
-    async_task("runs.tasks.execute_run", str(run_id), task_name=f"run {run_id}", group="runs", save=False)
+def announce_run(run_id: uuid.UUID) -> None:
+    """`run_id` was just made claimable (written `queued`): wake the workers at this transaction's commit.
+
+    Called inside the transaction that wrote the row, so the notification and the row commit
+    (or roll back) together. The row is the queue: a worker finds it by its next poll anyway.
+    """
+    wakeup.notify(wakeup.RUNS_CHANNEL)
 
 
 def worker_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """The name this process's claims carry: `WORKER_HOST:pid` (a `runworker` process adds WORKER_SUFFIX)."""
+    if _process_role["runworker"]:
+        return runworker_name(pid=os.getpid())
+    return f"{worker_host()}:{os.getpid()}"
+
+
+def runworker_name(*, pid: int) -> str:
+    """The name of the claims of `runworker` process `pid` on this host (its parent reconciles by it)."""
+    return f"{worker_host()}:{pid}{WORKER_SUFFIX}"
+
+
+def worker_host() -> str:
+    return settings.WORKER_HOST or socket.gethostname()
+
+
+# Marks the claims of a `runworker` process, which holds its advisory lock while it lives
+# (runs.presence): only such a name may be judged dead by the absence of its lock.
+WORKER_SUFFIX = "/worker"
+_process_role = {"runworker": False}
+
+
+def become_runworker_process() -> None:
+    _process_role["runworker"] = True
+
+
+def claimable_runs():
+    """Queued runs a worker may claim, oldest first (the `(status, created_at)` index).
+
+    A chat turn (or a turn of ADK's wire, `STREAMED_TRIGGERS`) never claimed is its server's to run
+    (it streams it); once it waited and was queued again (runs.approvals) it is a worker's like any run.
+    """
+    return (
+        AgentRun.objects.filter(status=RunStatus.QUEUED)
+        .exclude(trigger__in=STREAMED_TRIGGERS, attempts=0)
+        .order_by("created_at")
+    )
+
+
+def claim_queued_runs(*, worker: str, limit: int) -> list[AgentRun]:
+    """Claim up to `limit` claimable runs for `worker`, oldest first, each under a fresh lease.
+
+    PostgreSQL: one statement, `WITH picked AS (SELECT … LIMIT :limit FOR UPDATE SKIP LOCKED)
+    UPDATE … FROM picked RETURNING` every column, so concurrent workers split a backlog without waiting on
+    each other and never take the same row. SQLite (one writer at a time): the same conditional
+    claim (`claim_and_load_run`) over a few candidates.
+    """
+    if limit <= 0:
+        return []
+    connection = connections[AgentRun.objects.db]
+    if connection.vendor != "postgresql":
+        claimed: list[AgentRun] = []
+        for run_id in claimable_runs().values_list("run_id", flat=True)[: limit * 2]:
+            run = claim_and_load_run(run_id=run_id, worker=worker)
+            if run is not None:
+                claimed.append(run)
+                if len(claimed) >= limit:
+                    break
+        RUNS_CLAIMED.inc(len(claimed))
+        return claimed
+
+    def quote(name: str) -> str:
+        return connection.ops.quote_name(AgentRun._meta.get_field(name).column)
+
+    table = connection.ops.quote_name(AgentRun._meta.db_table)
+    now = AgentRun._meta.get_field("started_at").get_db_prep_save(timezone.now(), connection)
+    # The candidates in a MATERIALIZED CTE, picked once: as `run_id IN (subquery)` the planner may
+    # run the LIMITed subquery more than once and claim more rows than there are free slots.
+    sql = (
+        f"WITH picked AS MATERIALIZED (SELECT {quote('run_id')} FROM {table} WHERE {quote('status')} = %s "
+        f"AND NOT ({quote('trigger')} IN ({', '.join(['%s'] * len(STREAMED_TRIGGERS))}) AND {quote('attempts')} = 0) "
+        f"ORDER BY {quote('created_at')} LIMIT %s "
+        f"FOR UPDATE SKIP LOCKED) "
+        f"UPDATE {table} SET {quote('status')} = %s, {quote('started_at')} = %s, {quote('heartbeat_at')} = %s, "
+        f"{quote('attempts')} = {quote('attempts')} + 1, {quote('worker')} = %s, {quote('lease')} = gen_random_uuid() "
+        f"FROM picked WHERE {table}.{quote('run_id')} = picked.{quote('run_id')} AND {table}.{quote('status')} = %s "
+        f"RETURNING {', '.join(f'{table}.{connection.ops.quote_name(field.column)}' for field in AgentRun._meta.concrete_fields)}"
+    )
+    params = [
+        RunStatus.QUEUED.value, *(trigger.value for trigger in STREAMED_TRIGGERS), limit,
+        RunStatus.RUNNING.value, now, now, worker, RunStatus.QUEUED.value,
+    ]
+    claimed = list(AgentRun.objects.raw(sql, params))
+    RUNS_CLAIMED.inc(len(claimed))
+    return claimed
 
 
 def claim_run(*, run_id: uuid.UUID, worker: str) -> bool:

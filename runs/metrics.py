@@ -27,13 +27,18 @@ from django.db.models import Count, Min
 from django.http import Http404, HttpRequest, HttpResponse
 from django.utils import timezone
 from django_prometheus.exports import ExportToDjangoView
-from django_q.models import OrmQ
+from django_q.models import OrmQ, Schedule
 from prometheus_client import multiprocess
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from runs import overview
-from runs.counters import MODEL_RETRIES, RECONCILIATIONS, REPLAY_REFUSALS  # noqa: F401 - the process's counters, registered
+from runs import lifecycle, overview, presence
+from runs.counters import (  # noqa: F401 - the process's counters, registered
+    MODEL_RETRIES,
+    RECONCILIATIONS,
+    REPLAY_REFUSALS,
+    RUNS_CLAIMED,
+)
 from runs.models import IN_FLIGHT, AgentRun, EventStatus, RunStatus, WaitKind, WebhookEvent
 
 # Terminal inbox states grow for ever; the gauges report the states a person or a worker acts on.
@@ -113,14 +118,55 @@ class LedgerCollector(Collector):
             events.add_metric([status], counts.get(status, 0))
         yield events
 
+        yield from self.collect_queue(now)
+
         queue = GaugeMetricFamily(
-            "agentledger_queue_depth", "Tasks waiting in the django-q2 ORM broker, by queue.", labels=["queue"]
+            "agentledger_queue_depth", "Periodic-job tasks waiting in the django-q2 ORM broker, by queue (runs never "
+            "pass through it).", labels=["queue"]
         )
         depth = dict(OrmQ.objects.values_list("key").annotate(n=Count("pk")).order_by())
         queue.add_metric([settings.Q_CLUSTER["name"]], depth.pop(settings.Q_CLUSTER["name"], 0))
         for key, n in depth.items():
             queue.add_metric([key], n)
         yield queue
+
+
+    @staticmethod
+    def collect_queue(now) -> Iterator[GaugeMetricFamily]:
+        """The run table as a queue: its depth and age, the claim rate, the workers, the periodic jobs' lag."""
+        claimable = lifecycle.claimable_runs()
+        oldest = claimable.values_list("created_at", flat=True).first()
+        yield GaugeMetricFamily(
+            "agentledger_claimable_runs", "Runs queued and claimable by a worker process now.", value=claimable.count(),
+        )
+        yield GaugeMetricFamily(
+            "agentledger_claimable_run_age_max_seconds",
+            "How long the oldest claimable run has waited (0 when none waits): high while workers have room means "
+            "they are not claiming (down, or not woken).",
+            value=(now - oldest).total_seconds() if oldest else 0.0,
+        )
+        # Claimed recently, found through the created_at index (a run is claimed soon after it is
+        # written; a continuation is a new row).
+        yield GaugeMetricFamily(
+            "agentledger_runs_claimed_last_minute",
+            "Runs claimed by workers in the last 60 s, read from the ledger (so every scrape of every process agrees).",
+            value=AgentRun.objects.filter(created_at__gte=now - RECENT, started_at__gte=now - timedelta(seconds=60))
+            .count(),
+        )
+        alive = presence.alive_workers()
+        if alive is not None:
+            yield GaugeMetricFamily(
+                "agentledger_worker_processes_alive",
+                "runworker processes alive (each holds its advisory lock while its database session lives; PostgreSQL).",
+                value=alive,
+            )
+        due = Schedule.objects.filter(next_run__lt=now).exclude(repeats=0).aggregate(oldest=Min("next_run"))["oldest"]
+        yield GaugeMetricFamily(
+            "agentledger_periodic_jobs_lag_seconds",
+            "How long the most overdue periodic job has been due (0 when none is): past a minute or two the "
+            "periodic-job cluster (qcluster) is down or wedged.",
+            value=(now - due).total_seconds() if due else 0.0,
+        )
 
 
 LEDGER_COLLECTOR = LedgerCollector()

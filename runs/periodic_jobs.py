@@ -35,7 +35,7 @@ class Job:
 
 
 JOBS: tuple[Job, ...] = (
-    # docs/architecture.md, "Runs that die": stale running runs are reconciled; runs stuck in `queued` are enqueued again.
+    # docs/architecture.md, "Runs that die": stale running runs are reconciled and continued (a backstop of the workers' sweeps).
     Job(
         name="runs.reconcile",
         func="runs.tasks.reconcile_runs",
@@ -56,7 +56,7 @@ JOBS: tuple[Job, ...] = (
         schedule_type=Schedule.CRON,
         cron="45 3 * * *",
     ),
-    # The webhook sweeper: due retries, expired leases, received events whose task was lost.
+    # The webhook sweeper: wakes the workers when events are due (retries, expired leases, new ones).
     Job(
         name="runs.webhook_sweeper",
         func="runs.tasks.sweep_webhooks",

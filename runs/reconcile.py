@@ -12,9 +12,8 @@ any number of reconcilers (the periodic job on several clusters, reads of a run 
 processes) land exactly once, a heartbeat that arrives in the meantime wins, and a worker
 that finishes afterwards keeps its outcome in `late_outcome` (`lifecycle.settle_run`).
 
-Runs lost before they started (still `queued` a minute after they were written, with no task
-waiting for them in the broker) are enqueued again: safe, because the claim is atomic and a
-duplicate task finds nothing to claim.
+There is no "queued but lost" run: the run table is the queue (runs.worker claims from it), so a
+`queued` row is claimable until a worker claims it.
 """
 
 from __future__ import annotations
@@ -30,11 +29,8 @@ from django.db import DatabaseError, transaction
 from django.db.models import Q, QuerySet
 from django.db.models.functions import Coalesce
 from django.utils import timezone
-from django_q.brokers import get_broker
-from django_q.conf import Conf
-from django_q.models import OrmQ
 
-from runs import journal, lifecycle
+from runs import journal
 from runs.counters import RECONCILIATIONS
 from runs.models import STREAMED_TRIGGERS, AgentRun, RunStatus
 
@@ -218,18 +214,28 @@ def _reconcile_ids(ids: list[uuid.UUID], cutoffs: Cutoffs, *, skip_locked: bool 
         return _reconcile_chunk(ids, cutoffs, skip_locked=skip_locked, isolated=True)
 
 
-def dead_worker_message(run: AgentRun, *, worker: str) -> str:
+# How a worker process's death was noticed (runs.worker's parent, or runs.presence).
+PARENT_SAW = "parent"
+LOCK_GONE = "lock"
+
+
+def dead_worker_message(run: AgentRun, *, worker: str, why: str = PARENT_SAW) -> str:
+    noticed = (
+        "and the process that started it noticed at once"
+        if why == PARENT_SAW
+        else "noticed at once by another worker: its database session (and the lock it held while alive) ended"
+    )
     return (
-        f"No completion was recorded for this run. Its worker process ({worker}) died while it ran, and the "
-        "cluster that started it noticed at once. Its actual outcome is unknown: check what it called before "
-        "running it again."
+        f"No completion was recorded for this run. Its worker process ({worker}) died while it ran, {noticed}. "
+        "Its actual outcome is unknown: check what it called before running it again."
     )
 
 
-def reconcile_dead_worker(*, worker: str, now: datetime | None = None) -> list[AgentRun]:
+def reconcile_dead_worker(*, worker: str, now: datetime | None = None, why: str = PARENT_SAW) -> list[AgentRun]:
     """Reconcile, now, the runs a worker process that is known to be dead still held.
 
-    Its parent (the cluster's sentinel) saw it die, so there is no need to wait for staleness.
+    Its parent saw it die (`waitpid`), or its advisory lock is gone (runs.presence), so there is
+    no need to wait for staleness.
     Each write is conditional on the run still being `running` under the lease that worker held
     (read under the same row lock), so a run that moved on meanwhile is left alone.
     """
@@ -244,7 +250,7 @@ def reconcile_dead_worker(*, worker: str, now: datetime | None = None) -> list[A
         for run in held:
             run.status = RunStatus.ERROR
             run.error_code = RECONCILED
-            run.error_message = dead_worker_message(run, worker=worker)
+            run.error_message = dead_worker_message(run, worker=worker, why=why)
             run.tools_executed = _tools_executed(run, isolated=True)
             run.finished_at = now
             if _write_reconciled(run, Q(status=RunStatus.RUNNING, lease=run.lease)):
@@ -255,14 +261,10 @@ def reconcile_dead_worker(*, worker: str, now: datetime | None = None) -> list[A
 @dataclass
 class SweepReport:
     reconciled: list[AgentRun] = field(default_factory=list)
-    requeued: list[uuid.UUID] = field(default_factory=list)
     abandoned: int = 0
 
     def __str__(self) -> str:
-        return (
-            f"{len(self.reconciled)} stale run(s) reconciled, {len(self.requeued)} queued run(s) enqueued again, "
-            f"{self.abandoned} abandoned chat turn(s) cancelled"
-        )
+        return f"{len(self.reconciled)} stale run(s) reconciled, {self.abandoned} abandoned chat turn(s) cancelled"
 
 
 def reconcile_stale_runs(
@@ -298,61 +300,6 @@ def reconcile_run_if_stale(run: AgentRun) -> bool:
     return run.status == RunStatus.ERROR and run.error_code == RECONCILED
 
 
-def runs_waiting_in_broker(*, run_ids: Iterable[uuid.UUID], now: datetime) -> set[uuid.UUID]:
-    """Those of `run_ids` that have a task the broker still offers to workers.
-
-    With the ORM broker a task is an `OrmQ` row; one whose lease (`lock`) is not in the future
-    is waiting for a worker with room. A leased row belongs to a worker that took it and may
-    have died with it: that run may be lost, and django-q2 would only offer it again after
-    `retry`. Payloads are signed, not queryable, so the queue is decoded here; the sweep only
-    does it when some run has been queued past the requeue age. Other brokers cannot be seen
-    into here: every old queued run counts as lost (a duplicate task is harmless).
-    """
-    wanted = {f"run {run_id}": run_id for run_id in run_ids}
-    if not wanted or not Conf.ORM:
-        return set()
-    rows = OrmQ.objects.filter(key=get_broker().list_key, lock__lte=now).only("payload").iterator(chunk_size=500)
-    return {wanted[name] for row in rows if (name := row.name()) in wanted}
-
-
-def requeue_lost_runs(*, now: datetime | None = None) -> list[uuid.UUID]:
-    """Enqueue again the runs still `queued` RUN_REQUEUE_AFTER_SECONDS after they were written
-    that no task in the broker is waiting to start.
-
-    A run waiting behind a backlog while every worker is full keeps its task and is left alone;
-    a run whose task died with its worker (taken from the broker, never claimed) is enqueued
-    again within a sweep. `requeued_at` is claimed with a conditional UPDATE first, so
-    concurrent sweeps enqueue a run once, and a run is enqueued at most once per period
-    (duplicates are harmless, since the claim is atomic, but would lengthen the backlog).
-    """
-    now = now or timezone.now()
-    cutoff = now - timedelta(seconds=settings.RUN_REQUEUE_AFTER_SECONDS)
-    candidates = list(
-        AgentRun.objects.filter(status=RunStatus.QUEUED, created_at__lt=cutoff)
-        # A chat turn never claimed is its server's to run; one queued again after it waited
-        # (runs.approvals) is a worker's, like any run.
-        .exclude(trigger__in=STREAMED_TRIGGERS, attempts=0)
-        .filter(Q(requeued_at__isnull=True) | Q(requeued_at__lt=cutoff))
-        .values_list("run_id", "requeued_at")
-    )
-    waiting = runs_waiting_in_broker(run_ids=[run_id for run_id, _ in candidates], now=now)
-    requeued: list[uuid.UUID] = []
-    for run_id, previous in candidates:
-        if run_id in waiting:
-            continue
-        with transaction.atomic():
-            claimed = AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED, requeued_at=previous).update(
-                requeued_at=now
-            )
-            if claimed:
-                transaction.on_commit(lambda run_id=run_id: lifecycle.enqueue_run(run_id))
-                requeued.append(run_id)
-    if requeued:
-        logger.warning("Enqueued %d run(s) again that were still queued after %s s with no task waiting",
-                       len(requeued), settings.RUN_REQUEUE_AFTER_SECONDS)
-    return requeued
-
-
 ABANDONED_CHAT_MESSAGE = (
     "The chat server stopped before this turn started, so nothing was executed; its client "
     "has gone, so the turn was not handed to a worker."
@@ -360,7 +307,7 @@ ABANDONED_CHAT_MESSAGE = (
 
 
 def abandon_lost_chat_turns(*, now: datetime | None = None) -> int:
-    """Cancel chat turns still `queued` after RUN_REQUEUE_AFTER_SECONDS.
+    """Cancel chat turns still `queued` after RUN_STALE_AFTER_SECONDS.
 
     A chat turn is executed by the server that streams it; if that server died before claiming
     it, running it later in a worker would act for a user who is no longer waiting. Nothing ran
@@ -368,7 +315,9 @@ def abandon_lost_chat_turns(*, now: datetime | None = None) -> int:
     for a decision was claimed before: a worker continues it.
     """
     now = now or timezone.now()
-    cutoff = now - timedelta(seconds=settings.RUN_REQUEUE_AFTER_SECONDS)
+    # The chat server claims its turn as soon as it wrote it: one still unclaimed this long after
+    # had its server die, like a worker whose heartbeat went quiet.
+    cutoff = now - timedelta(seconds=settings.RUN_STALE_AFTER_SECONDS)
     lost = AgentRun.objects.filter(
         status=RunStatus.QUEUED, trigger__in=STREAMED_TRIGGERS, attempts=0, created_at__lt=cutoff
     )
@@ -382,10 +331,9 @@ def abandon_lost_chat_turns(*, now: datetime | None = None) -> int:
 
 
 def sweep(*, now: datetime | None = None, on_reconciled: Callable[[AgentRun], None] | None = None) -> SweepReport:
-    """The periodic job: reconcile stale runs, enqueue lost queued runs again, drop lost chat turns."""
+    """The periodic job (and every worker's sweep): reconcile stale runs, drop lost chat turns."""
     report = SweepReport()
     report.reconciled = reconcile_stale_runs(now=now, on_reconciled=on_reconciled)
-    report.requeued = requeue_lost_runs(now=now)
     report.abandoned = abandon_lost_chat_turns(now=now)
     return report
 

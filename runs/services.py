@@ -203,7 +203,12 @@ def start_run(
     session_id: str | None = None,
     enqueue: bool = True,
 ) -> AgentRun:
-    """Validate, copy the input file, write the run as `queued`, and enqueue it on commit.
+    """Validate, copy the input file, write the run as `queued` (claimable), and tell the workers at the commit.
+
+    `enqueue=False` writes it without telling the workers: for a caller that claims and runs it
+    itself at once (`run_agent --inline`, a webhook event's worker, the demo's seeding). The row is
+    claimable all the same; a worker polling may take it first, and the caller's claim then finds
+    nothing (it waits for the run instead).
 
     `created_by` is the person starting the run, and the owner rule applies to them
     (`runs.permissions`: 403 `owner_not_permitted`). None is a system trigger (a schedule, a
@@ -275,7 +280,7 @@ def start_run(
 
 
 def write_queued_run(*, actor: Any, chat: bool = False, enqueue: bool = True, **fields: Any) -> AgentRun:
-    """Write a run `queued` and enqueue it on commit, inside the caller's transaction: the one writer
+    """Write a run `queued` and tell the workers at the commit, inside the caller's transaction: the one writer
     of new runs (`start_run`, and a replay's or resume's `AgentRun.successor_fields`).
 
     The run counts against `actor`'s cap of work in flight (`runs.quotas`), is `created_by` them
@@ -289,8 +294,8 @@ def write_queued_run(*, actor: Any, chat: bool = False, enqueue: bool = True, **
         )
     run = AgentRun.objects.create(**fields)
     if enqueue:
-        run_id = run.run_id
-        transaction.on_commit(lambda: lifecycle.enqueue_run(run_id))
+        # In the same transaction: the workers are told when (and only if) the row commits.
+        lifecycle.announce_run(run.run_id)
     return run
 
 

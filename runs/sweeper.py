@@ -1,65 +1,71 @@
-"""The cluster's own sweep, every few seconds: a lost machine's runs are found soon after they go stale.
+"""Each worker process's own sweep, every few seconds: dead processes' runs are found and continued.
 
-The periodic job `runs.reconcile` runs at most once a minute, and django-q2's scheduler looks for
-due jobs every 30 s, so a run whose machine was lost (no sentinel left to notice its worker die,
-`runs.deaths`) went stale after RUN_STALE_AFTER_SECONDS and then waited up to another minute or
-more: 119 s from the loss to success on default settings. Every cluster's sentinel therefore runs
-the same sweep (`runs.reconcile.sweep`, then `runs.recovery.recover_due`) on a thread of its own
-every `interval()` seconds: a sixth of RUN_STALE_AFTER_SECONDS, between 1 and 5 s (5 s on the
-default 60 s), so a lost machine's run is continued within RUN_STALE_AFTER_SECONDS + 15 s. Several
-clusters sweeping at once is safe (each write is conditional and skips rows another holds), and
-costs a few index range scans per sweep when nothing is stale.
+The periodic job `runs.reconcile` runs at most once a minute (django-q2's scheduler looks for due
+jobs every 30 s), and it is a backstop: every `runworker` process sweeps on a thread of its own
+every `interval()` seconds (a sixth of RUN_STALE_AFTER_SECONDS, between 1 and 5 s):
 
-The sentinel forks a new process whenever one dies; a fork copies no other thread, so the sweep
-and the fork exclude each other (`fork_guard`): a child never starts with a lock or a connection
-the sweep was using at that instant.
+- the runs of `runworker` processes whose advisory lock is gone (`runs.presence`, PostgreSQL):
+  reconciled at once, conditional on their lease, whatever machine they ran on;
+- stale runs (`runs.reconcile.sweep`), the last line for everything else;
+- then every death that needs nobody is continued (`runs.recovery.recover_due`).
+
+Several processes sweeping at once is safe (each write is conditional and skips rows another
+holds) and costs a few index range scans per sweep when nothing is stale.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, connection
 
-from runs import reconcile, recovery
+from runs import presence, reconcile, recovery
 
 logger = logging.getLogger(__name__)
 
-# Held by the sweep while it works and by the sentinel while it forks.
-fork_guard = threading.Lock()
-
 
 def interval() -> float:
-    """Seconds between two sweeps of a cluster: recovery within RUN_STALE_AFTER_SECONDS + this + a run's start."""
+    """Seconds between two sweeps of a process: recovery within RUN_STALE_AFTER_SECONDS + this + a run's start."""
     return max(1.0, min(5.0, settings.RUN_STALE_AFTER_SECONDS / 6))
 
 
-def sweep_once() -> tuple[reconcile.SweepReport, int]:
+def reconcile_gone_workers(*, me: str = "") -> int:
+    """Reconcile the runs of every `runworker` process whose lock is gone; how many landed."""
+    landed = 0
+    for worker in presence.gone_workers(exclude=me):
+        runs = reconcile.reconcile_dead_worker(worker=worker, why=reconcile.LOCK_GONE)
+        if runs:
+            logger.warning("Worker %s is gone (its lock was released): %d run(s) reconciled", worker, len(runs))
+        landed += len(runs)
+    return landed
+
+
+def sweep_once(*, me: str = "") -> tuple[reconcile.SweepReport, int, int]:
     close_old_connections()
+    gone = reconcile_gone_workers(me=me)
     report = reconcile.sweep()
     recovered = recovery.recover_due()
-    return report, len(recovered)
+    return report, gone, len(recovered)
 
 
-def _loop(stop_event: Any) -> None:
+def _loop(stop_event: threading.Event, me: str) -> None:
     every = interval()
     while not stop_event.wait(every):
-        with fork_guard:
-            try:
-                report, recovered = sweep_once()
-            except Exception:  # noqa: BLE001 - the next sweep tries again
-                logger.exception("The cluster's sweep failed")
-                continue
-        if report.reconciled or report.requeued or report.abandoned or recovered:
-            logger.warning("Cluster sweep: %s, %d run(s) continued by the system", report, recovered)
+        try:
+            report, gone, recovered = sweep_once(me=me)
+        except Exception:  # noqa: BLE001 - the next sweep tries again
+            logger.exception("The worker's sweep failed")
+            continue
+        if report.reconciled or report.abandoned or gone or recovered:
+            logger.warning("Worker sweep: %s, %d run(s) of gone workers reconciled, %d run(s) continued by the system",
+                           report, gone, recovered)
     connection.close()
 
 
-def start(stop_event: Any) -> threading.Thread:
+def start(stop_event: threading.Event, *, me: str = "") -> threading.Thread:
     """Sweep on a daemon thread of this process until `stop_event` is set."""
-    thread = threading.Thread(target=_loop, args=(stop_event,), name="run-sweeper", daemon=True)
+    thread = threading.Thread(target=_loop, args=(stop_event, me), name="run-sweeper", daemon=True)
     thread.start()
     return thread

@@ -1,27 +1,16 @@
-"""django-q2 task entry points: thin doors onto the services. Each is safe to run twice."""
+"""django-q2 task entry points of the periodic jobs: thin doors onto the services. Each is safe to run twice.
 
-import uuid
+Runs and webhook events never pass through django-q2: worker processes claim them from their
+tables (runs.worker).
+"""
 
-from django.conf import settings
-
-from runs import approvals, executor, reconcile, recovery, retention, stored_data, worker
+from runs import approvals, reconcile, recovery, retention, stored_data
 from runs.inbox import processing
 from runs.schedules import services as scheduling
 
 
-def execute_run(run_id: str) -> str:
-    """In a cluster's worker: claim the run into the process's pool and return (runs.worker).
-
-    Anywhere else (a synchronous queue, a shell): claim, run and settle it before returning.
-    """
-    pool = worker.process_pool()
-    if pool is not None:
-        return pool.submit(run_id=uuid.UUID(str(run_id)), wait_seconds=settings.RUN_SLOT_WAIT_SECONDS)
-    return executor.execute(uuid.UUID(str(run_id)))
-
-
 def reconcile_runs() -> str:
-    """Every minute: reconcile stale runs, enqueue lost queued runs again, continue the dead that need nobody."""
+    """Every minute: reconcile stale runs, continue the dead that need nobody (a backstop of the workers' sweeps)."""
     report = reconcile.sweep()
     recovered = recovery.recover_due()
     return f"{report}, {len(recovered)} run(s) continued by the system"
@@ -32,14 +21,9 @@ def purge_events() -> str:
     return str(retention.purge_events())
 
 
-def process_webhook_event(event_id: str) -> str:
-    """Claim one inbox event, run its attempt and settle it (does nothing if it is not due)."""
-    return processing.process_event(event_id=uuid.UUID(str(event_id)))
-
-
 def sweep_webhooks() -> str:
-    """Every minute: enqueue due webhook retries, expired leases and events whose task was lost."""
-    return f"{len(processing.sweep())} webhook event(s) enqueued"
+    """Every minute: wake the workers if webhook events are due (retries, expired leases, new ones)."""
+    return f"{len(processing.sweep())} webhook event(s) due"
 
 
 def fire_schedules() -> str:

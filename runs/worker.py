@@ -1,49 +1,46 @@
-"""Many runs in flight per worker process: the run pool, its backpressure and its drain.
+"""Worker processes: runs claimed from the ledger, many in flight per process, drained on SIGTERM.
 
-A django-q2 worker process runs one task at a time, but an agent spends most of its life
-waiting on a model or an API. So the `execute_run` task does not run its agent: it waits for a
-free slot of this process's pool (`RUN_CONCURRENCY`), claims the run (the same atomic claim),
-starts it on the process's agent loop and returns. The task is acknowledged at once; the run
-lives in the pool, kept alive by the process's one heartbeat, and is settled in the `finally`
-of `executor.drive` like any other run.
+The run table is the queue (DESIGN §20). A worker process (`serve_worker_process`, one child of
+`manage.py runworker`) claims `queued` runs, only as many as it has free slots
+(`RUN_CONCURRENCY` minus its runs in flight), in one statement (`lifecycle.claim_queued_runs`),
+and starts each on its agent loop (`executor.drive`), where it is kept alive by the process's one
+heartbeat and settled in `drive`'s `finally` like any other run. Backpressure is the claim's
+LIMIT: a full process claims nothing, and the rest of a backlog stays claimable by others.
 
-Why this shape (docs/architecture.md, "Many runs per worker process"):
-- Backpressure: while the pool is full the task blocks, and so does its worker's dequeue; after
-  RUN_SLOT_WAIT_SECONDS it hands the run back to the broker (a fresh task) for a worker with
-  room, so a full worker never sits on a run another could start, nor on its stop pill.
-- django-q2's `timeout` and `retry` only ever see a task that lasts a claim (or a slot wait),
-  never a run: they cannot kill or redeliver a run in flight. A redelivered task finds nothing
-  to claim. Recycling is off (`Q_RECYCLE`), since it would stop the process under its runs.
-- A process that dies leaves its runs `running`; their shared heartbeat goes stale at once and
-  one reconcile sweep settles them all.
-- Drain: on SIGTERM (to the process) or its stop pill (SIGTERM to qcluster), the pool stops
-  taking runs, lets them finish for RUN_DRAIN_SECONDS, then aborts the rest through ADK's abort
-  signal, so each settles `error`/`worker_shutdown` with its tools listed.
+It wakes up when told (PostgreSQL NOTIFY on its listener connection, `runs.wakeup`), when one of
+its runs ends (a slot freed), and every RUN_POLL_SECONDS regardless, so a lost notification only
+delays a run. Beside the claim loop it runs its heartbeat, its sweep (`runs.sweeper`) and an inbox
+loop that claims due webhook events from their table (`runs.inbox.processing`).
+
+Drain: on SIGTERM the process stops claiming, lets its runs finish for RUN_DRAIN_SECONDS, then
+aborts the rest through ADK's abort signal, so each settles `error`/`worker_shutdown` with its
+tools listed, and the system continues those that need nobody (runs.recovery).
+
+A process that dies leaves its runs `running`: its parent sees it at once (`Supervisor`,
+`waitpid`), another machine sees its advisory lock go (`runs.presence`), and staleness is the last
+line; each reconciles them conditional on their lease, and recovery continues them.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
-import multiprocessing.util
 import os
+import select
 import signal
 import threading
 import time
 import uuid
 
 from django.conf import settings
-from django.db import connection
+from django.db import close_old_connections, connection, connections
 
 from agents.adk import release_process_resources, submit_coroutine
-from runs import executor, lifecycle, outcomes, recovery
-from runs.models import AgentRun, RunStatus
+from runs import executor, lifecycle, outcomes, presence, reconcile, recovery, sweeper, wakeup
+from runs.inbox import processing
 
 logger = logging.getLogger(__name__)
 
-STARTED = "started"
-NOT_CLAIMED = "not claimed"
-HANDED_BACK = "handed back"
 # After the abort, how long the drain waits for the aborted runs to write their outcome.
 ABORT_SETTLE_SECONDS = 30.0
 
@@ -51,10 +48,9 @@ ABORT_SETTLE_SECONDS = 30.0
 class RunPool:
     """Up to `capacity` runs of this process in flight on its agent loop."""
 
-    def __init__(self, *, capacity: int) -> None:
+    def __init__(self, *, capacity: int, on_slot_freed=None) -> None:
         self.capacity = capacity
-        self._slots = threading.BoundedSemaphore(capacity)
-        # Held while a run is claimed and admitted, and when the drain begins: once draining is
+        # Held while runs are claimed and admitted, and when the drain begins: once draining is
         # set no claim can start, and every claim that started is in `_runs`.
         self._admission = threading.Lock()
         self._changed = threading.Condition()
@@ -62,6 +58,7 @@ class RunPool:
         self._draining = False
         self._drain_lock = threading.Lock()
         self._drained = threading.Event()
+        self._on_slot_freed = on_slot_freed
 
     @property
     def in_flight(self) -> int:
@@ -69,44 +66,33 @@ class RunPool:
             return len(self._runs)
 
     @property
+    def free(self) -> int:
+        return 0 if self._draining else max(0, self.capacity - self.in_flight)
+
+    @property
     def draining(self) -> bool:
         return self._draining
 
-    def submit(self, *, run_id: uuid.UUID, wait_seconds: float) -> str:
-        """Claim `run_id` and start it in the pool when a slot is free; never runs it twice.
+    def claim(self, *, worker: str) -> int:
+        """Claim as many queued runs as there are free slots and start them; how many were claimed."""
+        with self._admission:
+            free = self.free
+            if free <= 0:
+                return 0
+            claimed = lifecycle.claim_queued_runs(worker=worker, limit=free)
+            for run in claimed:
+                self.adopt(run)
+            return len(claimed)
 
-        Blocks while the pool is full (the backpressure), at most `wait_seconds`; then, or when
-        the pool is draining, hands the unclaimed run back to the broker.
-        """
-        deadline = time.monotonic() + wait_seconds
-        while True:
-            if self._draining:
-                return self._hand_back(run_id, reason="this worker is stopping")
-            remaining = deadline - time.monotonic()
-            # Short waits, so a drain that begins meanwhile is noticed promptly.
-            if self._slots.acquire(timeout=max(0.0, min(0.25, remaining))):
-                break
-            if remaining <= 0:
-                return self._hand_back(run_id, reason=f"this worker has {self.capacity} runs in flight")
-        admitted = False
-        try:
-            with self._admission:
-                if self._draining:
-                    return self._hand_back(run_id, reason="this worker is stopping")
-                control = executor.RunControl(run_id)
-                if not executor.begin(run_id, control):
-                    return NOT_CLAIMED
-                # From here the run is ours: it is settled by drive()'s finally, or, if this
-                # process dies, by reconciliation.
-                future = submit_coroutine(executor.drive(run_id, control))
-                with self._changed:
-                    self._runs[run_id] = (control, future)
-                admitted = True
-            future.add_done_callback(lambda done, run_id=run_id: self._finished(run_id, done))
-            return STARTED
-        finally:
-            if not admitted:
-                self._slots.release()
+    def adopt(self, run) -> None:
+        """Start a run this process claimed; from here it is settled by drive()'s finally, or, if
+        this process dies, by reconciliation."""
+        control = executor.RunControl(run.run_id)
+        executor.adopt(run, control)
+        future = submit_coroutine(executor.drive(run.run_id, control))
+        with self._changed:
+            self._runs[run.run_id] = (control, future)
+        future.add_done_callback(lambda done, run_id=run.run_id: self._finished(run_id, done))
 
     def _finished(self, run_id: uuid.UUID, future: concurrent.futures.Future) -> None:
         if not future.cancelled() and future.exception() is not None:
@@ -116,15 +102,8 @@ class RunPool:
         with self._changed:
             self._runs.pop(run_id, None)
             self._changed.notify_all()
-        self._slots.release()
-
-    @staticmethod
-    def _hand_back(run_id: uuid.UUID, *, reason: str) -> str:
-        # Only a run that is still waiting needs a task; one claimed or cancelled meanwhile does not.
-        if AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).exists():
-            lifecycle.enqueue_run(run_id)
-            logger.info("Run %s handed back to the broker: %s", run_id, reason)
-        return HANDED_BACK
+        if self._on_slot_freed is not None:
+            self._on_slot_freed()
 
     def _wait_until_empty(self, *, seconds: float) -> bool:
         deadline = time.monotonic() + seconds
@@ -161,78 +140,277 @@ class RunPool:
             self._drained.set()
 
 
-# --- The pool of this process -------------------------------------------------------------------
-
-_state: dict[str, object] = {"pid": None, "pool": None}
-_state_lock = threading.Lock()
-
-
-def process_pool() -> RunPool | None:
-    """This process's pool, if this process is a worker that runs a pool (else None)."""
-    with _state_lock:
-        return _state["pool"] if _state["pid"] == os.getpid() else None  # type: ignore[return-value]
-
-
-def start_pool(*, capacity: int | None = None, handle_sigterm: bool = False) -> RunPool:
-    """Make this process a pooled worker: `execute_run` then submits to its pool.
-
-    With `handle_sigterm`, SIGTERM drains the pool and ends the process (a deploy that signals
-    every process of the cluster); the pool is drained too when the process ends by itself
-    (django-q2's stop pill).
-    """
-    with _state_lock:
-        if _state["pid"] == os.getpid() and _state["pool"] is not None:
-            return _state["pool"]  # type: ignore[return-value]
-        pool = RunPool(capacity=capacity or settings.RUN_CONCURRENCY)
-        _state.update(pid=os.getpid(), pool=pool)
-    if handle_sigterm and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _on_sigterm)
-    # multiprocessing runs finalizers when a worker's target returns (its loop read STOP),
-    # before the process exits: the place to drain, since atexit does not run there.
-    multiprocessing.util.Finalize(None, _drain_at_exit, exitpriority=100)
-    return pool
-
-
-def drain_process_pool() -> list[uuid.UUID]:
-    pool = process_pool()
-    if pool is None:
-        return []
-    aborted = pool.drain(seconds=settings.RUN_DRAIN_SECONDS)
-    for run_id in aborted:
-        # Each aborted run settled worker_shutdown with its tools listed: the system continues it
-        # in another worker when nothing of it is in doubt (runs.recovery).
+def continue_aborted(run_ids: list[uuid.UUID]) -> None:
+    """Each run a drain aborted settled worker_shutdown with its tools listed: the system continues
+    it in another worker when nothing of it is in doubt (runs.recovery)."""
+    for run_id in run_ids:
         try:
             recovery.recover(run_id=run_id)
         except Exception:  # noqa: BLE001 - the sweep tries again
             logger.exception("Run %s: could not be continued after the drain", run_id)
-    release_process_resources()
-    connection.close()
-    return aborted
 
 
-def _drain_at_exit() -> None:
+# --- One worker process ---------------------------------------------------------------------------
+
+
+class WorkerProcess:
+    """The claim loop of one worker process, with its listener, sweep and inbox loop."""
+
+    def __init__(self, *, capacity: int | None = None, parent_pid: int | None = None) -> None:
+        self.listener = wakeup.Listener(on_connect=self._take_lock)
+        if self.listener.enabled:
+            # Its claims carry a name others may judge by its lock (runs.presence).
+            lifecycle.become_runworker_process()
+        self.name = lifecycle.worker_name()
+        self.parent_pid = parent_pid
+        self.stopping = threading.Event()
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_write, False)
+        os.set_blocking(self._wake_read, False)
+        self.pool = RunPool(capacity=capacity or settings.RUN_CONCURRENCY, on_slot_freed=self.wake)
+        # Without its lock (PostgreSQL) the process claims nothing: another would judge its runs dead.
+        self.may_claim = not self.listener.enabled
+        self.inbox_due = threading.Event()
+
+    def _take_lock(self, listener_connection) -> None:
+        self.may_claim = presence.take(listener_connection, self.name)
+        if not self.may_claim:
+            logger.error("Worker %s could not take its lock (another live process's name hashes the same); "
+                         "it claims nothing until it can", self.name)
+
+    def wake(self) -> None:
+        try:
+            os.write(self._wake_write, b"x")
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups already
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.inbox_due.set()
+        self.wake()
+
+    def _wait(self, seconds: float) -> set[str]:
+        """Until a notification, a wake-up (a slot freed, a stop) or `seconds`; the channels notified."""
+        fds = [self._wake_read]
+        if self.listener.enabled:
+            try:
+                self.listener.connect()
+            except Exception:  # noqa: BLE001 - the poll covers what a missing listener misses
+                logger.warning("Worker %s: no listener connection; polling", self.name, exc_info=True)
+        listening = self.listener.connection is not None
+        if self.listener.enabled and not listening:
+            # Its lock went with the connection: claims now would be judged dead by the others.
+            self.may_claim = False
+        if listening:
+            fds.append(self.listener.connection.fileno())
+        readable, _, _ = select.select(fds, [], [], seconds)
+        if self._wake_read in readable:
+            try:
+                while os.read(self._wake_read, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+        if listening:
+            channels = self.listener.wait(0)
+            if self.listener.connection is None:
+                self.may_claim = False  # it failed just now, and its lock with it
+            return channels
+        return set()
+
+    def run(self) -> None:
+        """Claim and run until stopped (SIGTERM, or the parent gone), then drain."""
+        logger.info("Worker %s: claiming up to %d run(s) at once", self.name, self.pool.capacity)
+        sweeping = sweeper.start(self.stopping, me=self.name)
+        inbox = threading.Thread(target=self._inbox_loop, name="inbox", daemon=True)
+        inbox.start()
+        poll = settings.RUN_POLL_SECONDS
+        try:
+            if self.listener.enabled:
+                try:
+                    self.listener.connect()  # its lock first: then its first claim
+                except Exception:  # noqa: BLE001 - retried at every wait
+                    logger.warning("Worker %s: no listener connection yet", self.name, exc_info=True)
+            while not self.stopping.is_set():
+                if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                    logger.warning("Worker %s: its parent is gone; stopping", self.name)
+                    break
+                if self.may_claim:
+                    self._claim_all()
+                channels = self._wait(poll)
+                if wakeup.INBOX_CHANNEL in channels:
+                    self.inbox_due.set()
+        finally:
+            self.stopping.set()
+            self.inbox_due.set()
+            aborted = self.pool.drain(seconds=settings.RUN_DRAIN_SECONDS)
+            continue_aborted(aborted)
+            inbox.join(timeout=ABORT_SETTLE_SECONDS)
+            sweeping.join(timeout=5)
+            self.listener.close()
+            release_process_resources()
+            connections.close_all()
+
+    def _claim_all(self) -> None:
+        try:
+            while self.pool.free > 0 and not self.stopping.is_set():
+                wanted = self.pool.free
+                if self.pool.claim(worker=self.name) < wanted:
+                    return
+        except Exception:  # noqa: BLE001 - a database hiccup: the next wake-up or poll tries again
+            logger.exception("Worker %s: claiming failed", self.name)
+            close_old_connections()
+
+    def _inbox_loop(self) -> None:
+        """Claim due webhook events from their table one at a time, each executed here (its run on the agent loop)."""
+        try:
+            while not self.stopping.is_set():
+                try:
+                    if self.may_claim:
+                        processing.process_due(worker=self.name, limit=100, stop=self.stopping)
+                except Exception:  # noqa: BLE001 - the next round tries again
+                    logger.exception("Worker %s: the inbox round failed", self.name)
+                    close_old_connections()
+                self.inbox_due.wait(settings.RUN_POLL_SECONDS)
+                self.inbox_due.clear()
+        finally:
+            connection.close()
+
+
+def serve_worker_process(*, parent_pid: int | None = None, capacity: int | None = None) -> None:
+    """This process becomes a worker until SIGTERM (drained) or its parent's death."""
+    # Connections kept for the process's life, checked after an error (close_old_connections):
+    # a worker opens one per thread, not one per run.
+    for alias in connections:
+        connections[alias].settings_dict["CONN_MAX_AGE"] = None
+    worker = WorkerProcess(capacity=capacity, parent_pid=parent_pid)
+    signal.signal(signal.SIGTERM, lambda signum, frame: worker.stop())
+    signal.signal(signal.SIGINT, lambda signum, frame: worker.stop())
+    worker.run()
+
+
+# --- The parent: N worker processes, each death noticed at once ------------------------------------
+
+
+def after_worker_death(*, pid: int) -> int:
+    """Reconcile and recover the runs of this machine's dead worker process `pid`; how many were reconciled."""
+    close_old_connections()
+    landed = [
+        run
+        for name in {lifecycle.runworker_name(pid=pid), f"{lifecycle.worker_host()}:{pid}"}
+        for run in reconcile.reconcile_dead_worker(worker=name)
+    ]
+    for run in landed:
+        try:
+            recovery.recover(run_id=run.run_id)
+        except Exception:  # noqa: BLE001 - the sweep tries again
+            logger.exception("Run %s: could not be continued after its worker died", run.run_id)
+    return len(landed)
+
+
+class Supervisor:
+    """`manage.py runworker`: starts `processes` worker processes (fork), restarts each that dies.
+
+    It sees a child's death at once (`waitpid`), reconciles that child's runs conditional on their
+    lease (so recovery continues them) and starts a replacement. SIGTERM (or SIGINT) is passed to
+    every child, which drains; the parent waits for them.
+    """
+
+    def __init__(self, *, processes: int, capacity: int | None = None) -> None:
+        self.processes = processes
+        self.capacity = capacity
+        self.children: dict[int, float] = {}
+        self.stopping = False
+        self.parent_pid = os.getpid()
+
+    def _fork(self) -> int:
+        # A child must not share the parent's database sockets.
+        connections.close_all()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                serve_worker_process(parent_pid=self.parent_pid, capacity=self.capacity)
+            except BaseException:  # noqa: BLE001 - the parent restarts it
+                logger.exception("Worker process %s failed", os.getpid())
+                code = 1
+            finally:
+                os._exit(code)
+        self.children[pid] = time.monotonic()
+        logger.info("Worker process %s started (%s)", pid, lifecycle.runworker_name(pid=pid))
+        return pid
+
+    def _request_stop(self, signum, frame) -> None:
+        self.stopping = True
+
+    def run(self) -> int:
+        self.parent_pid = os.getpid()
+        signal.signal(signal.SIGTERM, self._request_stop)
+        signal.signal(signal.SIGINT, self._request_stop)
+        for _ in range(self.processes):
+            self._fork()
+        signalled = False
+        while self.children:
+            if self.stopping and not signalled:
+                signalled = True
+                for pid in list(self.children):
+                    _signal(pid, signal.SIGTERM)
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                time.sleep(REAP_INTERVAL_SECONDS)
+                continue
+            started = self.children.pop(pid, None)
+            if started is None:
+                continue
+            self._died(pid, status, lived=time.monotonic() - started)
+        connections.close_all()
+        return 0
+
+    def _died(self, pid: int, status: int, *, lived: float) -> None:
+        how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"status {os.waitstatus_to_exitcode(status)}"
+        try:
+            count = after_worker_death(pid=pid)
+        except Exception:  # noqa: BLE001 - the sweeps and staleness still catch them
+            logger.exception("Worker process %s died; its runs could not be reconciled now", pid)
+            count = 0
+        finally:
+            connections.close_all()
+        if self.stopping:
+            logger.info("Worker process %s ended (%s)", pid, how)
+            return
+        logger.warning("Worker process %s died (%s) with %d run(s): reconciled at once; starting another", pid, how, count)
+        if lived < 1.0:
+            # One that dies at start (a broken setting, the database down) is not restarted in a tight loop.
+            time.sleep(1.0)
+        if not self.stopping:
+            self._fork()
+
+
+# How often the parent looks for a dead child: its death is noticed within this.
+REAP_INTERVAL_SECONDS = 0.1
+
+
+def _signal(pid: int, signum: int) -> None:
     try:
-        drain_process_pool()
-    except Exception:  # noqa: BLE001 - the process is ending; what is not settled is reconciled
-        logger.exception("The drain at exit failed")
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
 
 
-def _on_sigterm(signum: int, frame: object) -> None:
-    # Not in the handler itself: the main thread may be inside a query or the broker's queue.
-    logger.warning("SIGTERM: draining %d run(s) for up to %g s", _in_flight(), settings.RUN_DRAIN_SECONDS)
-
-    def drain_and_exit() -> None:
-        _drain_at_exit()
-        os._exit(0)
-
-    threading.Thread(target=drain_and_exit, name="run-drain").start()
+# --- In this process, for a caller that waits (the test suite, a shell) ---------------------------
 
 
-def _in_flight() -> int:
-    pool = process_pool()
-    return pool.in_flight if pool is not None else 0
-
-
-def on_worker_spawned(**_kwargs: object) -> None:
-    """django-q2's `post_spawn`: each worker process of a cluster runs a pool."""
-    start_pool(handle_sigterm=True)
+def run_queued(*, limit: int = 100) -> list[str]:
+    """Claim what is queued (as a worker process would) and run each claimed run here, one after
+    another; their statuses. For the test suite and a shell: a worker process runs them concurrently.
+    """
+    statuses: list[str] = []
+    for run in lifecycle.claim_queued_runs(worker=lifecycle.worker_name(), limit=limit):
+        control = executor.RunControl(run.run_id)
+        executor.adopt(run, control)
+        statuses.append(executor.run_adopted(run.run_id, control))
+    return statuses

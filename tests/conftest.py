@@ -112,7 +112,7 @@ def no_worker(monkeypatch):
     empty), so nothing executes behind the test's back."""
     from runs import lifecycle
 
-    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
+    monkeypatch.setattr(lifecycle, "announce_run", lambda run_id: None)
 
 
 # --- Personas -------------------------------------------------------------------------------------

@@ -182,31 +182,50 @@ def wait_until_serving(url: str, process, log_path, *, timeout: float = 60) -> N
             time.sleep(0.2)
 
 
-# --- Real django-q2 clusters, their processes and the runs they leave -------------------------------
+# --- Real worker processes (`runworker`), the periodic-job cluster, and the runs they leave ----------
 
-_ROLE_LINES = re.compile(r"(ready for work|monitoring|pushing tasks) at (\d+)")
-_ROLES = {"ready for work": "worker", "monitoring": "monitor", "pushing tasks": "pusher"}
+_WORKER_STARTED = re.compile(r"Worker process (\d+) started")
+
+
+def start_workers(log_path: Path, *, processes: int = 2, **env: str) -> subprocess.Popen:
+    """`manage.py runworker` (two processes, a short poll) in its own session, its log in `log_path`."""
+    env.setdefault("RUN_POLL_SECONDS", "0.5")
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "manage.py", "runworker", "--processes", str(processes)], cwd=BASE_DIR,
+            env=child_env(**env), stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
+        )
+
+
+def worker_pids(log_path: Path) -> list[int]:
+    """The pids of the worker processes a `runworker` started, oldest first (replacements included)."""
+    return [int(match.group(1)) for match in _WORKER_STARTED.finditer(Path(log_path).read_text(errors="replace"))]
+
+
+def wait_for_workers(log_path: Path, process: subprocess.Popen, *, processes: int = 2, timeout: float = 90) -> list[int]:
+    """Wait until `processes` worker processes of the `runworker` are up; their pids."""
+
+    def up():
+        assert process.poll() is None, f"runworker stopped:\n{Path(log_path).read_text()[-3000:]}"
+        pids = [pid for pid in worker_pids(log_path) if alive(pid)]
+        return pids if len(pids) >= processes else None
+
+    return wait_until(up, timeout=timeout, what="the worker processes to start")
+
+
+def pid_of_worker(name: str) -> int:
+    """The pid in a claim's worker name (`host:pid` or `host:pid/worker`)."""
+    return int(name.rsplit(":", 1)[1].split("/", 1)[0])
 
 
 def start_cluster(log_path: Path, **env: str) -> subprocess.Popen:
-    """`manage.py qcluster` (two workers, a short poll) in its own session, its log in `log_path`."""
-    env.setdefault("Q_WORKERS", "2")
+    """`manage.py qcluster` (the periodic jobs) in its own session, its log in `log_path`."""
     env.setdefault("Q_POLL_SECONDS", "0.1")
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             [sys.executable, "manage.py", "qcluster"], cwd=BASE_DIR, env=child_env(**env),
             stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
         )
-
-
-def cluster_pids(log_path: Path) -> dict[str, list[int]]:
-    """Each kind of the cluster's processes (worker, monitor, pusher): their pids, oldest first,
-    as django-q2 logs them when each starts (reincarnated ones included)."""
-    found: dict[str, list[int]] = {"worker": [], "monitor": [], "pusher": []}
-    for line in Path(log_path).read_text(errors="replace").splitlines():
-        if match := _ROLE_LINES.search(line):
-            found[_ROLES[match.group(1)]].append(int(match.group(2)))
-    return found
 
 
 def alive(pid: int) -> bool:
@@ -221,24 +240,17 @@ def alive(pid: int) -> bool:
         return False
 
 
-def wait_for_cluster(log_path: Path, process: subprocess.Popen, *, workers: int = 2, timeout: float = 90) -> dict:
-    """Wait until every process of the cluster is up; its pids (the live ones of each kind)."""
-
-    def up():
-        assert process.poll() is None, f"the cluster stopped:\n{Path(log_path).read_text()[-3000:]}"
-        pids = {kind: [pid for pid in found if alive(pid)] for kind, found in cluster_pids(log_path).items()}
-        return pids if len(pids["worker"]) >= workers and pids["monitor"] and pids["pusher"] else None
-
-    return wait_until(up, timeout=timeout, what="the cluster to start")
-
-
-def stop_cluster(process: subprocess.Popen) -> None:
+def stop_group(process: subprocess.Popen) -> None:
+    """SIGKILL `process` and every process of its session (a runworker and its children, a cluster)."""
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     process.wait(timeout=30)
     connection.close()
+
+
+stop_cluster = stop_workers = stop_group
 
 
 def chain_end(run):

@@ -30,7 +30,16 @@ from rest_framework.authtoken.models import Token
 from agents.models import OutboxEmail, Refund
 from runs.management.commands.serve import web_command
 from runs.models import AgentRun, Decision, PendingCall, RunStatus, Trigger
-from tests.helpers import BASE_DIR, LOOKUP, SAY_DONE, SEND_EMAIL, child_env, wait_until, wait_until_serving
+from tests.helpers import (
+    BASE_DIR,
+    LOOKUP,
+    SAY_DONE,
+    SEND_EMAIL,
+    child_env,
+    stop_group,
+    wait_until,
+    wait_until_serving,
+)
 from tests.test_adk_wire import BIG_REFUND, REFUNDED, server, start_workers, stop  # noqa: F401 - the live server
 from tests.test_chat import _free_port
 
@@ -289,9 +298,9 @@ def test_a_restart_while_input_required_then_the_answer_over_a2a_ends_the_same_r
         waiting = run_in(ask)
         assert waiting.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
     finally:
-        for process in (workers, web):
-            process.kill()
-            process.wait()
+        stop_group(workers)
+        web.kill()
+        web.wait()
     web, url, workers = start_server()
     try:
         async def answer():

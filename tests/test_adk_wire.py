@@ -21,6 +21,7 @@ from rest_framework.authtoken.models import Token
 from agents.models import AdkEvent, OutboxEmail, Refund
 from runs.management.commands.serve import web_command
 from runs.models import AgentRun, Decision, PendingCall, RunStatus, Trigger
+from tests import helpers
 from tests.helpers import BASE_DIR, LOOKUP, SAY_DONE, SEND_EMAIL, child_env, wait_until, wait_until_serving
 from tests.test_chat import _free_port
 
@@ -32,15 +33,14 @@ HANG = dict(SEND_EMAIL, hang=60)
 
 
 def start_workers(log_path: Path) -> subprocess.Popen:
-    """The ledger's workers, which continue a run once its waiting calls are answered."""
-    command = "runworker" if (BASE_DIR / "runs/management/commands/runworker.py").exists() else "qcluster"
-    env = child_env(Q_WORKERS="1", Q_POLL_SECONDS="0.1", RUN_POLL_SECONDS="0.1", LOG_LEVEL="WARNING")
-    with open(log_path, "ab") as log:
-        return subprocess.Popen([sys.executable, "manage.py", command], cwd=BASE_DIR, env=env,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    """The ledger's workers (`runworker`), which continue a run once its waiting calls are answered."""
+    return helpers.start_workers(log_path, processes=1, RUN_POLL_SECONDS="0.1", LOG_LEVEL="WARNING")
 
 
 def stop(process: subprocess.Popen) -> None:
+    if process.args[:3] == [sys.executable, "manage.py", "runworker"]:
+        helpers.stop_group(process)  # the runworker and its processes
+        return
     process.terminate()
     try:
         process.wait(timeout=15)

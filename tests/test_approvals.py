@@ -21,11 +21,11 @@ from rest_framework.test import APIClient
 
 from agents.models import Refund
 from agents.services import save_workflow
-from runs import approvals, executor, overview, reconcile, resume, services
+from runs import approvals, executor, lifecycle, overview, reconcile, resume, services, worker
 from runs import replay as rules
+from runs.executor import execute as execute_run
 from runs.models import AgentRun, Decision, PendingCall, RunStatus, ToolEffect, WaitKind
 from runs.refusals import AlreadyDecided, ApproveNotPermitted, RunWaiting
-from runs.tasks import execute_run
 from tests.helpers import LOOKUP, postgres_only, run_now, run_python, script_params
 from tests.test_chat import _turn, alice_token, server  # noqa: F401 - the live server's fixtures
 
@@ -367,12 +367,13 @@ def test_a_run_that_died_before_its_answers_reached_adk_is_resumed_from_the_deci
 
 
 @db
-def test_a_waiting_run_is_never_reconciled_nor_requeued(alice):
+def test_a_waiting_run_is_never_reconciled_nor_claimed(alice):
     run, _pending = waiting_refund(alice)
     reconcile.sweep(now=timezone.now() + timedelta(days=30))
     run.refresh_from_db()
     assert (run.status, run.attempts) == (RunStatus.WAITING, 1)
     assert execute_run(str(run.run_id)) == "not claimed"
+    assert lifecycle.claim_queued_runs(worker="w1", limit=10) == []
 
 
 def _child_runs_and_dies(script: list) -> str:
@@ -404,7 +405,7 @@ def test_a_worker_killed_while_its_run_waits_leaves_it_waiting_and_an_approval_c
     (pending,) = run.pending_calls.all()
     approvals.decide_call(run_id=run_id, call_id=pending.call_id, actor=approver, decision="approve", note="ok")
     # Another worker process takes it.
-    worker = run_python(f"from runs.tasks import execute_run\nprint(execute_run({run_id!r}))")
+    worker = run_python(f"from runs.executor import execute as execute_run\nprint(execute_run({run_id!r}))")
     assert worker.returncode == 0, worker.stderr[-3000:]
     assert worker.stdout.split()[-1] == RunStatus.SUCCESS
     run.refresh_from_db()
@@ -456,7 +457,7 @@ def test_a_worker_killed_inside_the_approved_tool_leaves_it_in_doubt_never_done_
     AgentRun.objects.filter(pk=run.pk).update(config={**run.config, "params": script_params(
         dict(BIG_REFUND, crash="after_effect"), REFUNDED)})
     approvals.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="approve")
-    worker = run_python(f"from runs.tasks import execute_run\nexecute_run({str(run.run_id)!r})")
+    worker = run_python(f"from runs.executor import execute as execute_run\nexecute_run({str(run.run_id)!r})")
     assert worker.returncode == -signal.SIGKILL, worker.stderr[-3000:]
     assert Refund.objects.count() == 1  # it acted, then died
     reconcile.sweep(now=timezone.now() + timedelta(hours=1))
@@ -487,19 +488,19 @@ def test_a_gated_calls_scripted_fault_befalls_the_attempt_that_runs_it_not_the_o
 
 
 @db
-def test_a_chat_turn_queued_again_after_it_waited_is_a_workers_not_abandoned(alice, approver, monkeypatch):
+def test_a_chat_turn_queued_again_after_it_waited_is_a_workers_not_abandoned(alice, approver):
     run, pending = waiting_refund(alice)
     AgentRun.objects.filter(pk=run.pk).update(trigger="chat")
     approvals.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="approve")
     later = timezone.now() + timedelta(hours=1)
     # Its server's client is gone, but the turn was claimed before: nothing to abandon.
     assert reconcile.abandon_lost_chat_turns(now=later) == 0
-    monkeypatch.setattr(reconcile, "runs_waiting_in_broker", lambda **_: set())
-    monkeypatch.setattr(reconcile.lifecycle, "enqueue_run", lambda run_id: None)
-    assert reconcile.requeue_lost_runs(now=later) == [run.run_id]
     run.refresh_from_db()
     assert run.status == RunStatus.QUEUED
-    assert execute(run).status == RunStatus.SUCCESS
+    # A worker claims it from the ledger like any run, and takes it on.
+    assert worker.run_queued() == [RunStatus.SUCCESS]
+    run.refresh_from_db()
+    assert (run.status, run.attempts) == (RunStatus.SUCCESS, 2)
 
 
 # --- Chat ----------------------------------------------------------------------------------------------

@@ -28,9 +28,9 @@ from rest_framework.authtoken.models import Token
 
 from agents.models import Refund
 from runs import approvals, effects, reconcile, recovery, services
+from runs.executor import execute as execute_run
 from runs.management.commands.serve import web_command
 from runs.models import AgentRun, Decision, PendingCall, RunStatus
-from runs.tasks import execute_run
 from tests.helpers import BASE_DIR, child_env, postgres_only, run_python, wait_until, wait_until_serving
 from tests.test_approvals import BIG_REFUND, REFUNDED, approver, waiting_refund  # noqa: F401 - fixture
 from tests.test_chat import _free_port
@@ -53,9 +53,10 @@ def _start_web(log_path: Path) -> tuple[subprocess.Popen, str]:
 
 
 def _start_cluster(log_path: Path) -> subprocess.Popen:
+    """The worker processes (`runworker`, one process)."""
     with open(log_path, "ab") as log:
-        return subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=BASE_DIR,
-                                env=child_env(Q_WORKERS="1", Q_POLL_SECONDS="0.1", LOG_LEVEL="WARNING"),
+        return subprocess.Popen([sys.executable, "manage.py", "runworker", "--processes", "1"], cwd=BASE_DIR,
+                                env=child_env(RUN_POLL_SECONDS="0.5", LOG_LEVEL="WARNING"),
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -125,7 +126,7 @@ def test_a_run_waits_through_a_killed_worker_and_a_restarted_web_then_goes_on_on
 
 _PRELUDE = """
 import os, signal
-from runs.tasks import execute_run
+from runs.executor import execute as execute_run
 KILL = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -161,7 +162,7 @@ def _chain(run_id) -> list[AgentRun]:
 
 def _past_the_stale_window():
     return timezone.now() + timedelta(
-        seconds=max(settings.RUN_STALE_AFTER_SECONDS, settings.RUN_REQUEUE_AFTER_SECONDS) + 1)
+        seconds=settings.RUN_STALE_AFTER_SECONDS + 1)
 
 
 @pytest.mark.parametrize("point", list(KILL_POINTS))

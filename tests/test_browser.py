@@ -80,7 +80,7 @@ def chromium_page():
 def test_a_support_lead_force_replays_a_failed_run(live_server, support_lead, monkeypatch, tmp_path):
     enqueued: list = []
     # No worker runs beside the live server: the test executes the replay itself.
-    monkeypatch.setattr(lifecycle, "enqueue_run", enqueued.append)
+    monkeypatch.setattr(lifecycle, "announce_run", enqueued.append)
     failed = run_now(params=script_params(SEND_EMAIL, UPDATE_CRM, {"fail": "error", "message": "CRM timed out"}))
     assert failed.status == RunStatus.ERROR
     assert failed.tools_executed == ["send_email", "update_crm"]
@@ -153,7 +153,7 @@ def drive_the_desk(page, live_server, support_lead, failed, enqueued, tmp_path):
 
 def test_the_desk_overview_and_a_live_run_page(live_server, support_lead, monkeypatch, tmp_path):
     """The desk counts what needs a person; a running run's page follows it, then stops polling."""
-    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
+    monkeypatch.setattr(lifecycle, "announce_run", lambda run_id: None)
     # A ledger with something in each tile and a day of history for the chart.
     now = timezone.now()
     for hours, status, tools in [(1, RunStatus.SUCCESS, ["send_email"]), (2, RunStatus.SUCCESS, []),

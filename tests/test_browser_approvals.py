@@ -28,7 +28,7 @@ pytestmark = [
 def test_an_approver_approves_a_waiting_refund_from_the_run_page(live_server, alice, approver, monkeypatch):  # noqa: F811
     enqueued: list = []
     # No worker runs beside the live server: the test executes the approved run itself.
-    monkeypatch.setattr(lifecycle, "enqueue_run", enqueued.append)
+    monkeypatch.setattr(lifecycle, "announce_run", enqueued.append)
     run, pending = waiting_refund(alice)
     page_url = f"/admin/runs/agentrun/{run.run_id}/change/"
 

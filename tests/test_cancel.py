@@ -11,9 +11,9 @@ from django.db import connection
 from agents.models import AdkEvent, CrmNote
 from runs import executor, lifecycle, services
 from runs import replay as rules
+from runs.executor import execute as execute_run
 from runs.models import AgentRun, RunStatus, ToolCallStatus
 from runs.refusals import RunAlreadySettled, RunNotFound
-from runs.tasks import execute_run
 from tests.helpers import LOOKUP, SAY_DONE, UPDATE_CRM, script_params
 
 # A run cancelled from the test is running on the agent loop's threads and connections.

@@ -2,8 +2,8 @@
 
 The pool's own rules run in this process on both databases (the pool and the process's agent
 loop are the real ones). What needs several processes — a worker SIGKILLed with 50 runs in
-flight, SIGTERM with runs in flight, two clusters sharing a backlog — runs real
-`manage.py qcluster` processes on PostgreSQL.
+flight, SIGTERM with runs in flight, two workers sharing a backlog — runs real
+`manage.py runworker` processes on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -18,13 +18,12 @@ import pytest
 from django.conf import settings
 from django.db import connection
 from django.utils import timezone
-from django_q.models import OrmQ
 
 from agents.models import CrmNote, OutboxEmail
 from runs import lifecycle, reconcile, services, worker
+from runs.executor import execute as execute_run
 from runs.models import AgentRun, RunStatus, ToolCallStatus
 from runs.outcomes import WORKER_SHUTDOWN
-from runs.tasks import execute_run
 from tests.helpers import (
     BASE_DIR,
     LOOKUP,
@@ -75,7 +74,7 @@ def test_a_pool_keeps_many_runs_in_flight_at_once_and_settles_each_once():
     slow = script_params(dict(LOOKUP, latency=0.5), dict(SEND_EMAIL, latency=0.5), {"say": "Done.", "latency": 0.5})
     runs = _start(10, slow)
     started = time.monotonic()
-    assert [pool.submit(run_id=r.run_id, wait_seconds=5) for r in runs] == [worker.STARTED] * 10
+    assert pool.claim(worker="w1") == 10
     wait_until(lambda: pool.in_flight == 0, timeout=60, what="the runs to settle")
     took = time.monotonic() - started
 
@@ -85,41 +84,65 @@ def test_a_pool_keeps_many_runs_in_flight_at_once_and_settles_each_once():
         assert run.attempts == 1
         assert run.tools_executed == ["lookup_customer", "send_email"]
         assert OutboxEmail.objects.filter(run_id=run.run_id).count() == 1
-    # A redelivered task finds nothing to claim, in the pool or outside it.
-    assert pool.submit(run_id=runs[0].run_id, wait_seconds=1) == worker.NOT_CLAIMED
+    # Nothing is left to claim, in the pool or outside it.
+    assert pool.claim(worker="w1") == 0
     assert execute_run(str(runs[0].run_id)) == "not claimed"
     assert OutboxEmail.objects.count() == 10
 
 
-def test_a_full_pool_takes_no_more_and_hands_the_run_back_to_the_broker(admin_user):
+def test_a_full_pool_claims_only_as_many_runs_as_it_has_free_slots(admin_user):
     pool = worker.RunPool(capacity=2)
     busy = _start(2, HANGING)
-    for run in busy:
-        assert pool.submit(run_id=run.run_id, wait_seconds=5) == worker.STARTED
     [waiting] = _start(1, HANGING)
-    OrmQ.objects.all().delete()
-
-    asked = time.monotonic()
-    assert pool.submit(run_id=waiting.run_id, wait_seconds=0.5) == worker.HANDED_BACK
-    assert time.monotonic() - asked >= 0.5, "the task did not wait for a slot"
+    assert pool.claim(worker="w1") == 2
+    assert pool.claim(worker="w1") == 0
     waiting.refresh_from_db()
-    assert (waiting.status, waiting.attempts) == (RunStatus.QUEUED, 0)
-    # A fresh task for it is in the broker, for any worker with room.
-    assert [task.task["args"] for task in OrmQ.objects.all()] == [(str(waiting.run_id),)]
+    assert (waiting.status, waiting.attempts, waiting.worker) == (RunStatus.QUEUED, 0, "")
+    assert {r.status for r in AgentRun.objects.filter(pk__in=[r.pk for r in busy])} == {RunStatus.RUNNING}
 
-    # A slot that frees is taken by the next task.
+    # A slot that frees is taken by the next claim.
     services.cancel_run(busy[0].run_id, actor=admin_user)
-    assert pool.submit(run_id=waiting.run_id, wait_seconds=30) == worker.STARTED
+    wait_until(lambda: pool.in_flight == 1, timeout=30, what="the cancelled run to leave the pool")
+    assert pool.claim(worker="w1") == 1
     wait_until(lambda: _in_hanging_tool([waiting]) == 1, timeout=30, what="the third run to start")
     assert pool.drain(seconds=0)
     assert _statuses(busy + [waiting]) == {RunStatus.CANCELLED: 1, RunStatus.ERROR: 2}
 
 
+def test_claims_split_a_backlog_oldest_first_and_never_take_a_run_twice():
+    runs = _start(5, script_params(SAY_DONE))
+    first = lifecycle.claim_queued_runs(worker="w1", limit=3)
+    second = lifecycle.claim_queued_runs(worker="w2", limit=3)
+    assert [r.run_id for r in first] == [r.run_id for r in runs[:3]]
+    assert [r.run_id for r in second] == [r.run_id for r in runs[3:]]
+    assert lifecycle.claim_queued_runs(worker="w3", limit=3) == []
+    claimed = {r.run_id: r for r in first + second}
+    # Each claim is a new lease, and the row as claimed comes back with it.
+    assert len({r.lease for r in claimed.values()}) == 5 and None not in {r.lease for r in claimed.values()}
+    for row in AgentRun.objects.filter(pk__in=claimed):
+        assert (row.status, row.attempts, row.lease) == (RunStatus.RUNNING, 1, claimed[row.pk].lease)
+        assert row.worker == ("w1" if row.pk in {r.run_id for r in first} else "w2")
+
+
+def test_a_chat_turn_is_left_to_its_server_until_it_waited():
+    turn = services.start_run(agent_name="support", message="hi", owner_id="alice", trigger="chat", enqueue=False)
+    assert lifecycle.claim_queued_runs(worker="w1", limit=10) == []
+    # Queued again after a decision (runs.approvals), it is a worker's like any run.
+    AgentRun.objects.filter(pk=turn.pk).update(attempts=1)
+    assert [r.run_id for r in lifecycle.claim_queued_runs(worker="w1", limit=10)] == [turn.run_id]
+
+
+def test_run_queued_claims_and_runs_what_is_queued_here():
+    runs = _start(3, script_params(SEND_EMAIL, SAY_DONE))
+    assert worker.run_queued() == [RunStatus.SUCCESS] * 3
+    assert worker.run_queued() == []
+    assert sorted(OutboxEmail.objects.values_list("run_id", flat=True)) == sorted(r.run_id for r in runs)
+
+
 def test_cancelling_one_run_among_many_leaves_the_others_running(admin_user):
     pool = worker.RunPool(capacity=20)
     runs = _start(8, HANGING)
-    for run in runs:
-        assert pool.submit(run_id=run.run_id, wait_seconds=5) == worker.STARTED
+    assert pool.claim(worker="w1") == 8
     wait_until(lambda: _in_hanging_tool(runs) == 8, timeout=60, what="every run to reach its hanging tool")
 
     asked = time.monotonic()
@@ -146,8 +169,7 @@ def test_a_drain_lets_finishing_runs_finish_and_aborts_the_rest_with_their_tools
     pool = worker.RunPool(capacity=10)
     finishing = _start(3, script_params(dict(LOOKUP, latency=0.5), {"say": "Done.", "latency": 0.5}))
     stuck = _start(3, HANGING)
-    for run in stuck + finishing:
-        assert pool.submit(run_id=run.run_id, wait_seconds=5) == worker.STARTED
+    assert pool.claim(worker="w1") == 6
     wait_until(lambda: _in_hanging_tool(stuck) == 3, timeout=60, what="the stuck runs to reach their tool")
 
     asked = time.monotonic()
@@ -165,7 +187,7 @@ def test_a_drain_lets_finishing_runs_finish_and_aborts_the_rest_with_their_tools
     assert CrmNote.objects.count() == 0  # stopped before the hanging tool's effect
     # A draining pool claims nothing more; the run stays queued for another worker.
     [late] = _start(1, HANGING)
-    assert pool.submit(run_id=late.run_id, wait_seconds=5) == worker.HANDED_BACK
+    assert pool.claim(worker="w1") == 0
     assert AgentRun.objects.get(pk=late.pk).status == RunStatus.QUEUED
 
 
@@ -188,26 +210,6 @@ def test_one_heartbeat_refreshes_every_run_of_the_process_and_reads_their_cancel
     assert beats[runs[4].pk] == past  # settled: no longer beaten
 
 
-def test_a_run_whose_task_died_before_the_claim_starts_again_at_the_next_sweep_and_runs_once():
-    [run] = _start(1, script_params(SEND_EMAIL, SAY_DONE), enqueue=True)
-    # A worker took the task from the broker (its lease runs until `retry`) and died.
-    OrmQ.objects.update(lock=timezone.now() + timedelta(seconds=settings.Q_CLUSTER["retry"]))
-    AgentRun.objects.filter(pk=run.pk).update(
-        created_at=timezone.now() - timedelta(seconds=settings.RUN_REQUEUE_AFTER_SECONDS + 1)
-    )
-    assert settings.RUN_REQUEUE_AFTER_SECONDS <= 60
-
-    assert reconcile.sweep().requeued == [run.run_id]
-
-    # Both tasks come: the fresh one now, the dead worker's after its lease. One runs the run.
-    tasks = [task.task for task in OrmQ.objects.order_by("id")]
-    assert [task["args"] for task in tasks] == [(str(run.run_id),)] * 2
-    assert [execute_run(*task["args"]) for task in reversed(tasks)] == [RunStatus.SUCCESS, "not claimed"]
-    run.refresh_from_db()
-    assert (run.status, run.attempts, run.tools_executed) == (RunStatus.SUCCESS, 1, ["send_email"])
-    assert OutboxEmail.objects.filter(run_id=run.run_id).count() == 1
-
-
 def test_latency_is_validated_like_any_step():
     from agents.scripted import ScriptError, validate_script
 
@@ -217,13 +219,14 @@ def test_latency_is_validated_like_any_step():
             validate_script([{"say": "hi", "latency": bad}])
 
 
-# --- Real clusters (PostgreSQL) ------------------------------------------------------------------
+# --- Real worker processes (PostgreSQL) -------------------------------------------------------------
 
 
 def _start_cluster(**env: str) -> subprocess.Popen:
-    environment = child_env(Q_WORKERS="1", Q_POLL_SECONDS="0.1", **env)
+    """`runworker` with one worker process."""
+    environment = child_env(RUN_POLL_SECONDS="0.5", **env)
     return subprocess.Popen(
-        [sys.executable, "manage.py", "qcluster"],
+        [sys.executable, "manage.py", "runworker", "--processes", "1"],
         cwd=BASE_DIR,
         env=environment,
         stdout=subprocess.DEVNULL,
@@ -279,7 +282,7 @@ def test_a_worker_killed_with_50_runs_in_flight_settles_every_run_once_in_one_sw
         assert (run.status, run.error_code, run.attempts) == (RunStatus.ERROR, "reconciled", 1)
         assert run.tools_executed == ALL_THREE
         assert OutboxEmail.objects.filter(run_id=run.run_id).count() == 1
-        # The task django-q2 delivers again finds nothing to claim.
+        # Nothing is left to claim.
         assert execute_run(str(run.run_id)) == "not claimed"
     assert OutboxEmail.objects.count() == 50
     assert CrmNote.objects.count() == 0
@@ -296,7 +299,7 @@ def test_sigterm_drains_the_worker_then_aborts_what_is_left(clusters):
     )
 
     asked = time.monotonic()
-    cluster.send_signal(signal.SIGTERM)  # the leader only, as `serve` and a process manager do
+    cluster.send_signal(signal.SIGTERM)  # the parent only, as `serve` and a process manager do
     cluster.wait(timeout=90)
     took = time.monotonic() - asked
 
@@ -312,7 +315,7 @@ def test_sigterm_drains_the_worker_then_aborts_what_is_left(clusters):
 
 @postgres_only
 def test_a_full_worker_leaves_the_backlog_to_another_worker(clusters):
-    full = {"RUN_CONCURRENCY": "2", "RUN_SLOT_WAIT_SECONDS": "1"}
+    full = {"RUN_CONCURRENCY": "2"}
     clusters(**full)
     first = _start(2, HANGING, enqueue=True)
     wait_until(lambda: _in_hanging_tool(first) == 2, timeout=60, what="the first worker to fill")

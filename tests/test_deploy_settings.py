@@ -165,7 +165,7 @@ def test_an_internal_error_under_debug_is_summarised_to_api_clients(alice, setti
 
     settings.DEBUG = True
     monkeypatch.setattr(timeline, "run_events", broken)
-    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
+    monkeypatch.setattr(lifecycle, "announce_run", lambda run_id: None)
     run = make_run(created_by=alice, tools=[])
     client = APIClient(raise_request_exception=False)
     client.force_authenticate(alice)
@@ -184,7 +184,7 @@ def _mode(path: Path) -> int:
 
 
 def test_run_input_copies_are_not_world_readable(monkeypatch):
-    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
+    monkeypatch.setattr(lifecycle, "announce_run", lambda run_id: None)
     old_umask = os.umask(0o002)  # a permissive umask must not make them readable either
     try:
         run = services.start_run(agent_name="support", message="hi", owner_id="jane", file=BytesIO(b"secret"),
@@ -199,7 +199,7 @@ def test_run_input_copies_are_not_world_readable(monkeypatch):
 
 def test_webhook_attachment_copies_are_not_world_readable(settings, tmp_path, monkeypatch):
     settings.WEBHOOK_ATTACHMENTS_DIR = tmp_path / "attachments"
-    monkeypatch.setattr(inbox_receipt, "enqueue_event", lambda event_id: None)
+    monkeypatch.setattr(inbox_receipt, "announce_event", lambda event_id: None)
     source = WebhookSource.objects.create(slug="in", name="In", agent_name="support", owner_id="jane",
                                           secret="s" * 20, message_id_header="X-Message-Id",
                                           expects_attachments=True)
@@ -282,8 +282,8 @@ def test_the_retention_job_is_a_daily_periodic_job():
 @pytest.fixture
 def inbox(settings, tmp_path, monkeypatch):
     settings.WEBHOOK_ATTACHMENTS_DIR = tmp_path / "attachments"
-    monkeypatch.setattr(inbox_receipt, "enqueue_event", lambda event_id: None)
-    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
+    monkeypatch.setattr(inbox_receipt, "announce_event", lambda event_id: None)
+    monkeypatch.setattr(lifecycle, "announce_run", lambda run_id: None)
     return WebhookSource.objects.create(slug="in", name="In", agent_name="support", owner_id="jane",
                                         secret="s" * 20, message_id_header="X-Message-Id",
                                         expects_attachments=True, params={"script": [SAY_DONE]})
@@ -339,7 +339,7 @@ def test_old_closed_webhook_events_go_with_their_attachments_and_nothing_unsettl
 
 
 def test_old_run_input_copies_go_only_when_every_run_using_them_has_settled(settings, monkeypatch, alice):
-    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
+    monkeypatch.setattr(lifecycle, "announce_run", lambda run_id: None)
     settings.RUN_INPUTS_RETENTION_DAYS = 90
     long_ago = timezone.now() - timedelta(days=120)
     old = make_run(created_by=alice, tools=[], file=b"old input")

@@ -8,8 +8,8 @@ import signal
 import pytest
 
 from agents.models import AdkEvent, OutboxEmail
+from runs.executor import execute as execute_run
 from runs.models import AgentRun, RunStatus, ToolCallStatus
-from runs.tasks import execute_run
 from tests.helpers import EMAIL_ARGS, LOOKUP, SAY_DONE, SEND_EMAIL, run_manage, run_now, run_python, script_params
 
 # Killed and restarted processes read what the test committed, and the test reads theirs.
@@ -98,7 +98,7 @@ def test_a_run_started_here_and_executed_by_another_process_sees_its_input(tmp_p
         )
     source.unlink()
 
-    child = run_python(f"from runs.tasks import execute_run; print(execute_run('{run.run_id}'))")
+    child = run_python(f"from runs.executor import execute as execute_run; print(execute_run('{run.run_id}'))")
     assert child.returncode == 0, child.stderr[-2000:]
     assert child.stdout.strip().splitlines()[-1] == RunStatus.SUCCESS
     run.refresh_from_db()

@@ -182,7 +182,7 @@ def test_a_failed_run_that_only_read_replays_without_force_through_the_api(alice
 
 @db
 def test_a_failed_run_that_only_read_replays_without_force_through_the_admin(support_lead, monkeypatch):
-    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
+    monkeypatch.setattr(lifecycle, "announce_run", lambda run_id: None)
     failed = run_now(params=script_params(LOOKUP, LOOKUP, FAIL))
     client = Client()
     client.force_login(support_lead)
@@ -200,7 +200,7 @@ def test_a_webhook_attempt_that_only_read_is_retried(settings, monkeypatch, tmp_
     from tests.test_webhooks import deliver, make_source
 
     settings.WEBHOOK_ATTACHMENTS_DIR = tmp_path / "webhook-attachments"
-    monkeypatch.setattr("runs.inbox.receipt.enqueue_event", lambda event_id: None)
+    monkeypatch.setattr("runs.inbox.receipt.announce_event", lambda event_id: None)
     make_source(script=[LOOKUP, FAIL], expects_attachments=False)
     event_id = deliver().json()["event_id"]
 
@@ -358,7 +358,7 @@ def test_a_webhook_runs_intent_is_its_event(settings, monkeypatch, tmp_path):
     from tests.test_webhooks import deliver, make_source
 
     settings.WEBHOOK_ATTACHMENTS_DIR = tmp_path / "webhook-attachments"
-    monkeypatch.setattr("runs.inbox.receipt.enqueue_event", lambda event_id: None)
+    monkeypatch.setattr("runs.inbox.receipt.announce_event", lambda event_id: None)
     source = make_source(script=[SEND_EMAIL, SAY_DONE], expects_attachments=False)
     event_id = deliver(message_id="provider-42").json()["event_id"]
     assert processing.process_event(event_id=event_id) == EventStatus.DONE
@@ -369,7 +369,7 @@ def test_a_webhook_runs_intent_is_its_event(settings, monkeypatch, tmp_path):
 
 @db
 def test_the_force_replay_page_asks_reuse_or_redo_and_previews_each_call(support_lead, monkeypatch):
-    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
+    monkeypatch.setattr(lifecycle, "announce_run", lambda run_id: None)
     failed = run_now(params=script_params(LOOKUP, SEND_EMAIL, FAIL))
     client = Client()
     client.force_login(support_lead)

@@ -37,7 +37,7 @@ DEEP = "[" * 50_000 + "]" * 50_000
 
 @pytest.fixture(autouse=True)
 def _no_worker(no_worker, monkeypatch, settings, tmp_path):
-    monkeypatch.setattr(inbox_receipt, "enqueue_event", lambda event_id: None)
+    monkeypatch.setattr(inbox_receipt, "announce_event", lambda event_id: None)
     settings.WEBHOOK_ATTACHMENTS_DIR = tmp_path / "webhook-attachments"
 
 

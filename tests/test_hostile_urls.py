@@ -165,7 +165,7 @@ def test_an_upload_just_over_the_limit_is_a_413(alice, settings, monkeypatch, tm
 
     from runs import lifecycle
 
-    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
+    monkeypatch.setattr(lifecycle, "announce_run", lambda run_id: None)
     settings.MAX_UPLOAD_BYTES = 1000
     upload = SimpleUploadedFile("invoice.txt", b"x" * 1100, content_type="text/plain")
     response = api(alice).post("/api/runs/", {"agent": "support", "owner_id": "jane", "message": "Read it.",

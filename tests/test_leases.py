@@ -29,7 +29,7 @@ from runs.counters import LEASE_REFUSALS
 from runs.heartbeat import ProcessHeartbeat
 from runs.models import AgentRun, RunStatus, RunStep, ToolCall, ToolEffect
 from tests.factories import make_run
-from tests.helpers import BASE_DIR, child_env, postgres_only, stop_cluster, wait_until
+from tests.helpers import BASE_DIR, child_env, pid_of_worker, postgres_only, stop_cluster, wait_until
 
 # ADK's engine writes the events on a connection of its own: the run row must be committed.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -257,16 +257,16 @@ root_agent = LlmAgent(name="team", model="gemini-2.5-flash", description="The te
 
 def _worker(env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "manage.py", "qcluster"], cwd=BASE_DIR, env=env,
+        [sys.executable, "manage.py", "runworker", "--processes", "1"], cwd=BASE_DIR, env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
     )
 
 
 def _worker_pid() -> int:
-    """The cluster's worker process: the one that claimed the run (its pid is in `worker`)."""
+    """The worker process that claimed the run (its pid is in `worker`)."""
     run = wait_until(lambda: AgentRun.objects.filter(status=RunStatus.RUNNING).first(), timeout=60,
                      what="the worker to claim the run")
-    return int(run.worker.rsplit(":", 1)[1])
+    return pid_of_worker(run.worker)
 
 
 @postgres_only
@@ -277,7 +277,7 @@ def test_a_paused_worker_woken_after_its_run_was_done_again_does_nothing_more(to
     notifications.touch()
     env = child_env(
         AGENTS_DIR=",".join(settings.AGENTS_DIR),
-        TEAM_NOTIFICATIONS=str(notifications), Q_WORKERS="1", Q_POLL_SECONDS="0.1", RUN_RECOVERY="off",
+        TEAM_NOTIFICATIONS=str(notifications), RUN_POLL_SECONDS="0.5", RUN_RECOVERY="off",
     )
     os.environ["TEAM_NOTIFICATIONS"] = str(notifications)
     script = [

@@ -201,7 +201,7 @@ def test_the_run_lives_in_its_own_adk_session_tied_to_the_run():
 
 
 def test_a_second_delivery_of_the_task_does_nothing():
-    from runs.tasks import execute_run
+    from runs.executor import execute as execute_run
 
     run = run_now(params=script_params(SEND_EMAIL, SAY_DONE))
     assert execute_run(str(run.run_id)) == "not claimed"
@@ -225,22 +225,21 @@ def test_a_late_outcome_never_overwrites_a_settled_run():
     assert run.late_outcome["result"] == "late"
 
 
-def test_start_run_enqueues_the_execution_after_commit(django_capture_on_commit_callbacks, monkeypatch):
+def test_start_run_announces_the_run_to_the_workers(monkeypatch):
     enqueued: list[uuid.UUID] = []
-    monkeypatch.setattr(lifecycle, "enqueue_run", enqueued.append)
+    monkeypatch.setattr(lifecycle, "announce_run", enqueued.append)
     run = services.start_run(agent_name="support", message="hi", owner_id="alice")
 
     assert enqueued == [run.run_id]
     assert AgentRun.objects.get(pk=run.run_id).status == RunStatus.QUEUED
 
 
-def test_enqueued_task_lands_in_the_orm_broker():
+def test_a_started_run_is_claimable_from_the_ledger_and_nothing_lands_in_the_broker():
     from django_q.models import OrmQ
 
     run = services.start_run(agent_name="support", message="hi", owner_id="alice")
-    queued = [task for task in OrmQ.objects.all() if task.task["args"] == (str(run.run_id),)]
-    assert len(queued) == 1
-    assert queued[0].task["func"] == "runs.tasks.execute_run"
+    assert not OrmQ.objects.exists()
+    assert list(lifecycle.claimable_runs().values_list("run_id", flat=True)) == [run.run_id]
 
 
 def test_heartbeat_advances_while_a_tool_hangs():

@@ -16,8 +16,8 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 
 from runs import reconcile, replay
+from runs.executor import execute as execute_run
 from runs.models import AgentRun, RunStatus, ToolCall, ToolCallStatus
-from runs.tasks import execute_run
 from tests.helpers import BASE_DIR, MCP_SERVER, api_as, child_env, package_source, run_now
 
 # Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.

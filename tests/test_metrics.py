@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import prometheus_client
 import pytest
+from django.db import connection
 from django.test import Client
 from django.utils import timezone
 from django_q.models import OrmQ
@@ -86,12 +87,13 @@ def test_the_ledger_after_a_known_sequence_of_runs(alice):
     ToolCall.objects.create(run=dead, seq=1, call_id="c-1", tool_name="send_email", status=ToolCallStatus.CALLED)
     assert len(reconcile.reconcile_stale_runs()) == 1
 
-    # In flight now: one running on a worker beating a few seconds ago, one queued in the broker.
+    # In flight now: one running on a worker beating a few seconds ago, one queued (claimable).
     live = services.start_run(agent_name="support", message="Hi", owner_id="carol", enqueue=False)
     AgentRun.objects.filter(pk=live.pk).update(status=RunStatus.RUNNING, started_at=timezone.now(),
                                                heartbeat_at=timezone.now() - timedelta(seconds=5), worker="w-2:7")
-    services.start_run(agent_name="support", message="Hi", owner_id="dan", trigger="schedule")
-    assert OrmQ.objects.count() == 1
+    queued = services.start_run(agent_name="support", message="Hi", owner_id="dan", trigger="schedule")
+    AgentRun.objects.filter(pk=queued.pk).update(created_at=timezone.now() - timedelta(seconds=30))
+    assert not OrmQ.objects.exists()  # runs never pass through django-q2's broker
 
     source = WebhookSource.objects.create(slug="crm", name="CRM", agent_name="support", owner_id="jane",
                                           secret="s3cret", message_id_header="X-Message-Id")
@@ -115,7 +117,14 @@ def test_the_ledger_after_a_known_sequence_of_runs(alice):
     assert value("agentledger_webhook_events", status="needs_review") == 1
     assert value("agentledger_webhook_events", status="dead") == 0
     assert value("agentledger_webhook_events", status="done") is None  # terminal states are not watched
-    assert value("agentledger_queue_depth", queue="agentledger") == 1
+    assert value("agentledger_queue_depth", queue="agentledger") == 0
+    assert value("agentledger_claimable_runs") == 1
+    assert 30 <= value("agentledger_claimable_run_age_max_seconds") < 3600
+    # The three runs executed here, and the one a worker claimed a moment ago.
+    assert value("agentledger_runs_claimed_last_minute") == 4
+    assert value("agentledger_periodic_jobs_lag_seconds") == 0  # no periodic job is set up here
+    if connection.vendor == "postgresql":
+        assert value("agentledger_worker_processes_alive") == 0
 
     assert value("agentledger_replay_refusals_total", code="tools_called") == refusals_before + 1
     assert value("agentledger_model_retries_total", reason="rate_limit") == retries_before + 1

@@ -23,8 +23,8 @@ from rest_framework.test import APIClient
 from agents.models import CrmNote, OutboxEmail
 from agents.retrying import ANSWERS
 from runs import reconcile, services
+from runs.executor import execute as execute_run
 from runs.models import AgentRun, RunStatus
-from runs.tasks import execute_run
 from tests import fake_gemini as fg
 from tests.helpers import BASE_DIR, child_env, postgres_only, run_now
 

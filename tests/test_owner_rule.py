@@ -324,7 +324,7 @@ def test_the_run_page_shows_only_the_buttons_the_person_may_use(run_viewer, supp
 def inbox(settings, tmp_path, monkeypatch):
     settings.WEBHOOK_ATTACHMENTS_DIR = tmp_path / "webhook-attachments"
     settings.WEBHOOK_MAX_ATTEMPTS = 1
-    monkeypatch.setattr(receipt, "enqueue_event", lambda event_id: None)
+    monkeypatch.setattr(receipt, "announce_event", lambda event_id: None)
 
 
 def failed_event(message_id: str = "m-1") -> WebhookEvent:

@@ -251,58 +251,20 @@ def test_reconcile_on_read_leaves_a_run_whose_heartbeat_came_back(settings):
     assert run.status == RunStatus.RUNNING
 
 
-# --- Runs lost before they started ----------------------------------------------------------------
+# --- Chat turns lost before they started ----------------------------------------------------------------
 
 
 def test_a_chat_turn_lost_before_it_started_is_cancelled_not_handed_to_a_worker(settings):
-    from django_q.models import OrmQ
-
-    settings.RUN_REQUEUE_AFTER_SECONDS = 300
+    settings.RUN_STALE_AFTER_SECONDS = 300
     turn = services.start_run(agent_name="support", message="hi", owner_id="alice", trigger="chat", enqueue=False)
     AgentRun.objects.filter(pk=turn.run_id).update(created_at=timezone.now() - timedelta(minutes=6))
 
     report = reconcile.sweep()
 
-    assert report.requeued == []
     assert report.abandoned == 1
-    assert not OrmQ.objects.exists()
     turn.refresh_from_db()
     assert (turn.status, turn.error_code, turn.tools_executed) == ("cancelled", "abandoned", [])
     assert "nothing was executed" in turn.error_message
-
-
-def test_runs_stuck_in_queued_are_enqueued_again_once_per_period(settings):
-    from django_q.models import OrmQ
-
-    settings.RUN_REQUEUE_AFTER_SECONDS = 300
-    lost = services.start_run(agent_name="support", message="hi", owner_id="alice", enqueue=False)
-    AgentRun.objects.filter(pk=lost.run_id).update(created_at=timezone.now() - timedelta(minutes=6))
-    fresh = services.start_run(agent_name="support", message="hi", owner_id="alice", enqueue=False)
-
-    def enqueued() -> list[str]:
-        return [task.task["args"][0] for task in OrmQ.objects.all() if task.task["func"] == "runs.tasks.execute_run"]
-
-    report = reconcile.sweep()
-    assert report.requeued == [lost.run_id]
-    assert enqueued() == [str(lost.run_id)]
-    assert str(fresh.run_id) not in enqueued()
-
-    # The next minute's sweep does not enqueue it again while the first task may still come.
-    assert reconcile.sweep().requeued == []
-    assert len(enqueued()) == 1
-    # After another full period: the lost run's task is waiting in the broker (no worker had
-    # room, say), so it is left alone; the fresh run, never enqueued, is lost by then.
-    later = timezone.now() + timedelta(seconds=301)
-    assert reconcile.requeue_lost_runs(now=later) == [fresh.run_id]
-    # A task taken by a worker that died (leased, never acknowledged) offers nothing.
-    OrmQ.objects.update(lock=later + timedelta(hours=1))
-    assert set(reconcile.requeue_lost_runs(now=later + timedelta(seconds=301))) == {lost.run_id, fresh.run_id}
-
-    # The task finds a queued run and runs it: nothing executed twice.
-    from runs.tasks import execute_run
-
-    assert execute_run(str(lost.run_id)) == RunStatus.SUCCESS
-    assert execute_run(str(lost.run_id)) == "not claimed"
 
 
 # --- Doors: the job, the command, the admin -------------------------------------------------------
@@ -313,13 +275,13 @@ def test_the_periodic_job_reconciles_and_reports(settings):
     run = _running(heartbeat_age=timedelta(minutes=2))
     # It wrote nothing (no event, no call): the system starts it again in a fresh session.
     assert reconcile_job() == (
-        "1 stale run(s) reconciled, 0 queued run(s) enqueued again, 0 abandoned chat turn(s) cancelled, "
+        "1 stale run(s) reconciled, 0 abandoned chat turn(s) cancelled, "
         "1 run(s) continued by the system"
     )
     assert AgentRun.objects.get(pk=run.run_id).error_code == "reconciled"
     assert AgentRun.objects.filter(replay_of=run.run_id, resume_reason="recovered").count() == 1
     assert reconcile_job() == (
-        "0 stale run(s) reconciled, 0 queued run(s) enqueued again, 0 abandoned chat turn(s) cancelled, "
+        "0 stale run(s) reconciled, 0 abandoned chat turn(s) cancelled, "
         "0 run(s) continued by the system"
     )
 

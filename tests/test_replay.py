@@ -212,7 +212,7 @@ def test_a_failed_run_with_no_tools_is_replayed_as_a_new_run_in_a_new_session(al
 @pytestmark_db
 def test_the_replay_is_enqueued_on_commit(alice, monkeypatch, django_capture_on_commit_callbacks):
     enqueued = []
-    monkeypatch.setattr(lifecycle, "enqueue_run", enqueued.append)
+    monkeypatch.setattr(lifecycle, "announce_run", enqueued.append)
     original = make_run(tools=[], created_by=alice)
     replay = services.replay_run(original.run_id, actor=alice)
     assert enqueued == [replay.run_id]

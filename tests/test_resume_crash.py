@@ -20,9 +20,9 @@ import pytest
 from agents import scripted
 from agents.models import CrmNote, OutboxEmail
 from runs import effects, reconcile, resume, services
+from runs.executor import execute as execute_run
 from runs.models import AgentRun, RunStatus
 from runs.refusals import ResumeCallsInDoubt
-from runs.tasks import execute_run
 from tests.helpers import EMAIL_ARGS, UPDATE_CRM, postgres_only, run_python
 from tests.test_crash_matrix import POINTS, _crash_child, _past_the_stale_window
 

@@ -177,7 +177,8 @@ def test_bad_settings_changed_at_run_time_are_refused_naming_them(history, setti
         ("PURGE_BATCH_SIZE", "1000000", "PURGE_BATCH_SIZE=1000000 is too large"),
         ("STRIP_PAYLOAD_MIN_CHARS", "10", "STRIP_PAYLOAD_MIN_CHARS=10 is too small: it must be at least 256"),
         ("STRIP_PAYLOAD_MIN_CHARS", "big", "STRIP_PAYLOAD_MIN_CHARS='big' is not a whole number"),
-        ("RUN_REQUEUE_AFTER_SECONDS", "0", "RUN_REQUEUE_AFTER_SECONDS=0 is too small"),
+        ("RUN_POLL_SECONDS", "0", "RUN_POLL_SECONDS=0.0 is too small"),
+        ("RUN_WORKER_PROCESSES", "0", "RUN_WORKER_PROCESSES=0 is too small"),
         ("RUN_MAX_SILENCE_HOURS", "soon", "RUN_MAX_SILENCE_HOURS='soon' is not a whole number"),
     ],
 )

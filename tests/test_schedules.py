@@ -12,7 +12,7 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from agents.services import save_workflow
-from runs import executor
+from runs import executor, lifecycle
 from runs.management.commands.seed_demo import DEMO_WORKFLOW
 from runs.models import AgentRun, FiringOutcome, RunSchedule, RunStatus, ScheduleFiring, StepStatus, Trigger
 from runs.schedules import services as scheduling
@@ -57,7 +57,9 @@ def test_a_due_schedule_fires_a_run_with_trigger_schedule_written_before_it_star
     assert run.created_by is None
     assert (run.agent_name, run.owner_id, run.message) == ("support", "jane", "Check on Jane's refund.")
     assert run.status == RunStatus.QUEUED
-    assert OrmQ.objects.count() == 1  # handed to the worker on commit
+    # Claimable by a worker; nothing passes through the periodic jobs' broker.
+    assert list(lifecycle.claimable_runs()) == [run]
+    assert not OrmQ.objects.exists()
     schedule.refresh_from_db()
     assert schedule.last_run == run
     assert schedule.next_fire_at > timezone.now()

@@ -40,7 +40,7 @@ def test_an_explicit_id_longer_than_the_journal_keeps_is_refused():
 
 
 def test_the_api_refuses_repeated_ids_with_a_400_naming_the_steps(alice, monkeypatch):
-    monkeypatch.setattr(lifecycle, "enqueue_run", lambda run_id: None)
+    monkeypatch.setattr(lifecycle, "announce_run", lambda run_id: None)
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=alice).key}")
     params = script_params({**LOOKUP, "id": "same"}, {**SEND_EMAIL, "id": "same"}, SAY_DONE)

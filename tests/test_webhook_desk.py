@@ -27,7 +27,7 @@ CHANGELIST = "/admin/runs/webhookevent/"
 def _inbox(settings, tmp_path, monkeypatch):
     settings.WEBHOOK_ATTACHMENTS_DIR = tmp_path / "webhook-attachments"
     settings.WEBHOOK_MAX_ATTEMPTS = 1
-    monkeypatch.setattr(receipt, "enqueue_event", lambda event_id: None)
+    monkeypatch.setattr(receipt, "announce_event", lambda event_id: None)
 
 
 def login(user) -> Client:

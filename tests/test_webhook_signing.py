@@ -44,7 +44,7 @@ def _inbox(settings, tmp_path, monkeypatch):
 @pytest.fixture
 def enqueued(monkeypatch):
     calls: list[str] = []
-    monkeypatch.setattr(receipt, "enqueue_event", lambda event_id: calls.append(str(event_id)))
+    monkeypatch.setattr(receipt, "announce_event", lambda event_id: calls.append(str(event_id)))
     return calls
 
 

@@ -43,9 +43,9 @@ def _inbox_settings(settings, tmp_path):
 
 @pytest.fixture
 def enqueued(monkeypatch):
-    """Tasks the inbox hands to django-q2, recorded instead of sent (tests run them directly)."""
+    """Events the inbox announces to the workers, recorded (no worker runs here: tests process them directly)."""
     calls: list[str] = []
-    monkeypatch.setattr(receipt, "enqueue_event", lambda event_id: calls.append(str(event_id)))
+    monkeypatch.setattr(receipt, "announce_event", lambda event_id: calls.append(str(event_id)))
     return calls
 
 
@@ -420,26 +420,26 @@ def test_a_run_in_flight_is_never_joined_by_a_second_one(source, enqueued):
                                 session_id="s", webhook_event_id=event_id)
 
 
-def test_the_sweeper_enqueues_what_is_due_once_per_period(source, enqueued, settings):
+def test_the_sweeper_names_what_is_due_and_the_workers_claim_it(source, enqueued, settings):
     now = timezone.now()
-    long_ago = now - timedelta(seconds=settings.WEBHOOK_LEASE_SECONDS + 5)
 
     def event(name, **fields):
         return WebhookEvent.objects.create(source=source, external_id=name, payload={}, **fields)
 
-    lost = event("lost", status="received", enqueued_at=long_ago)
-    fresh = event("fresh", status="received", enqueued_at=now)
+    received = event("received", status="received")
     due = event("due", status="retry_wait", next_attempt_at=now - timedelta(seconds=1))
     later = event("later", status="retry_wait", next_attempt_at=now + timedelta(seconds=30))
-    expired = event("expired", status="processing", lease_expires_at=now - timedelta(seconds=1), enqueued_at=None)
+    expired = event("expired", status="processing", lease_expires_at=now - timedelta(seconds=1))
     leased = event("leased", status="processing", lease_expires_at=now + timedelta(seconds=60))
     for name, status in [("review", "needs_review"), ("dead", "dead"), ("done", "done"), ("resolved", "resolved")]:
         event(name, status=status)
 
-    assert set(processing.sweep()) == {lost.pk, due.pk, expired.pk}
-    assert set(enqueued) == {str(lost.pk), str(due.pk), str(expired.pk)}
-    assert processing.sweep() == []  # enqueued once per period, not once a minute
-    assert {fresh.pk, later.pk, leased.pk}.isdisjoint(set(enqueued))
+    assert set(processing.sweep()) == {received.pk, due.pk, expired.pk}
+    # Nothing is handed anywhere: the table is the queue, and a worker claims from it.
+    claimed = {processing.claim_next(worker="w1").event_id for _ in range(3)}
+    assert claimed == {received.pk, due.pk, expired.pk}
+    assert processing.claim_next(worker="w1") is None
+    assert {later.pk, leased.pk}.isdisjoint(claimed)
 
 
 def test_the_sweeper_is_a_periodic_job():
@@ -451,7 +451,7 @@ def test_the_sweeper_is_a_periodic_job():
     assert setup_schedules()["runs.webhook_sweeper"] == "created"
     job = Schedule.objects.get(name="runs.webhook_sweeper")
     assert (job.func, job.schedule_type, job.minutes) == ("runs.tasks.sweep_webhooks", Schedule.MINUTES, 1)
-    assert sweep_webhooks() == "0 webhook event(s) enqueued"
+    assert sweep_webhooks() == "0 webhook event(s) due"
 
 
 def test_attachments_are_copied_at_receipt_and_a_replay_of_the_events_run_uses_the_copy(

@@ -237,12 +237,12 @@ class WebhookEventAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAd
     ordering = ["-received_at"]
     actions = [retry_now, force_reprocess, mark_resolved]
     readonly_fields = ["event_id", "status", "source", "external_id", "attempts", "received_at", "next_attempt_at",
-                       "lease_expires_at", "leased_by", "enqueued_at", "finished_at", "resolved_by",
+                       "lease_expires_at", "leased_by", "finished_at", "resolved_by",
                        "last_error_text", "runs_table", "payload_pretty", "headers_pretty", "attachments_links"]
     fieldsets = [
         (None, {"fields": ["event_id", "status", "source", "external_id", "received_at"]}),
         ("Processing", {"fields": ["attempts", "last_error_text", "runs_table", "next_attempt_at",
-                                   "lease_expires_at", "leased_by", "enqueued_at", "finished_at", "resolved_by"]}),
+                                   "lease_expires_at", "leased_by", "finished_at", "resolved_by"]}),
         ("Delivery", {"fields": ["payload_pretty", "headers_pretty", "attachments_links"]}),
     ]
 

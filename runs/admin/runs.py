@@ -111,7 +111,6 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
                     "finished_at",
                     "cancel_requested_at",
                     "cancel_requested_by",
-                    "requeued_at",
                     "model_retries_summary",
                     "trace_id",
                 ]

@@ -50,11 +50,9 @@ def _locked_idle_event(event_id: Any) -> WebhookEvent:
 
 
 def _hand_to_worker(event: WebhookEvent, now: datetime) -> None:
-    """The run is written; a worker executes it: the lease is left expired so the task can claim it."""
-    update_event(event, status=EventStatus.PROCESSING, lease_expires_at=now, leased_by="", enqueued_at=now,
-         next_attempt_at=None)
-    event_id = event.event_id
-    transaction.on_commit(lambda: receipt.enqueue_event(event_id), robust=True)
+    """The run is written; a worker executes it: the lease is left expired so any worker can claim it."""
+    update_event(event, status=EventStatus.PROCESSING, lease_expires_at=now, leased_by="", next_attempt_at=None)
+    receipt.announce_event(event.event_id)
 
 
 def _log(actor: Any, obj: Any, flag: int, message: str) -> None:

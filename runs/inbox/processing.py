@@ -22,9 +22,10 @@ A new run is only ever started under the event's row lock after its previous run
 and a partial unique index on `agent_runs(webhook_event)` for queued/running rows makes "two
 runs in flight for one event" impossible even for a path that forgot the rules.
 
-The worker that executes a run observes its outcome itself right after; a worker that dies
-mid-event stops renewing its lease, and whoever claims the expired lease (a worker polling for
-due events, or a task the sweeper enqueued) settles the event from the run's outcome. Every
+Every worker process claims due events from this table (`claim_next`, runs.worker's inbox loop),
+woken by a notification when one arrives (runs.wakeup) and polling besides. The worker that
+executes a run observes its outcome itself right after; a worker that dies mid-event stops
+renewing its lease, and whoever claims the expired lease settles the event from the run's outcome. Every
 transition is conditional on the event's state under its row lock, so doing it twice is harmless.
 
 """
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -44,9 +46,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from config.lib.refusals import Refusal
-from runs import executor, lifecycle, reconcile
+from runs import executor, lifecycle, reconcile, wakeup
 from runs import replay as rules
-from runs.inbox import receipt
 from runs.inbox.attempts import files_follow_transaction, last_run, start_attempt, update_event
 from runs.inbox.refusals import REVIEW_HINT, event_wording
 from runs.models import AgentRun, EventStatus, RunStatus, WebhookEvent
@@ -147,7 +148,7 @@ def _advance(event: WebhookEvent, *, was: str, now: datetime) -> uuid.UUID | Non
     delay = retry_delay(event.attempts)
     due = now + timedelta(seconds=delay)
     update_event(event, status=EventStatus.RETRY_WAIT, next_attempt_at=due, lease_expires_at=None, leased_by="",
-         enqueued_at=None, last_error=(
+         last_error=(
              f"Attempt {event.attempts} (run {_short(previous)}) failed with {_run_failure(previous)} "
              f"It called no tool{' that acts (only read-only ones)' if previous.tools_executed else ''}, "
              f"so it is retried in {delay} s."
@@ -183,7 +184,6 @@ def _take(queryset, *, worker: str, now: datetime) -> Claim | None:
             status=EventStatus.PROCESSING,
             lease_expires_at=now + timedelta(seconds=settings.WEBHOOK_LEASE_SECONDS),
             leased_by=worker,
-            enqueued_at=None,
         )
         if not taken:
             return None
@@ -273,8 +273,23 @@ def work(claim: Claim) -> str:
     if claim.run_id is None:
         return claim.status
     with LeaseKeeper(claim.event_id, claim.worker):
-        executor.execute(claim.run_id)
+        if executor.execute(claim.run_id) == executor.NOT_CLAIMED:
+            # A worker claimed the queued run from the ledger first: its outcome is awaited here,
+            # under this event's lease, rather than a lease period later by whoever takes it next.
+            _wait_while_running(claim.run_id)
     return _after_run(claim)
+
+
+def _wait_while_running(run_id: uuid.UUID) -> None:
+    while True:
+        run = AgentRun.objects.filter(pk=run_id).first()
+        if run is None or run.status != RunStatus.RUNNING or reconcile.reconcile_run_if_stale(run):
+            return
+        time.sleep(WAIT_POLL_SECONDS)
+
+
+# How often an event's worker looks at a run another worker claimed, until it settles.
+WAIT_POLL_SECONDS = 0.5
 
 
 def process_event(*, event_id: Any, worker: str | None = None) -> str:
@@ -285,11 +300,11 @@ def process_event(*, event_id: Any, worker: str | None = None) -> str:
     return work(claim)
 
 
-def process_due(*, worker: str | None = None, limit: int | None = None) -> int:
-    """Process claimable events one after another until none is left (or `limit`); return how many."""
+def process_due(*, worker: str | None = None, limit: int | None = None, stop: threading.Event | None = None) -> int:
+    """Process claimable events one after another until none is left (or `limit`, or `stop`); how many."""
     worker = worker or lifecycle.worker_name()
     done = 0
-    while limit is None or done < limit:
+    while (limit is None or done < limit) and not (stop is not None and stop.is_set()):
         claim = claim_next(worker=worker)
         if claim is None:
             break
@@ -301,26 +316,18 @@ def process_due(*, worker: str | None = None, limit: int | None = None) -> int:
 # --- The sweeper -----------------------------------------------------------------------------------
 
 
-def due_q(now: datetime) -> Q:
-    """Events that need a worker and have no task on its way (or whose task was lost)."""
-    stale_enqueue = now - timedelta(seconds=settings.WEBHOOK_LEASE_SECONDS)
-    return claimable_q(now) & (Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=stale_enqueue))
-
-
 def sweep(*, now: datetime | None = None) -> list[uuid.UUID]:
-    """Every minute: enqueue due retries, expired leases and received events whose task was lost.
+    """Every minute: wake the workers if events are due (retries, expired leases, new ones); the due ones.
 
-    Each event's `enqueued_at` is claimed with a conditional UPDATE first, so concurrent sweeps
-    enqueue it once, and an event waiting behind a backlog is enqueued once per lease period.
+    A backstop only: every worker process's inbox loop claims events from their table and polls
+    besides; the notification shortens a wait, it never carries the event.
     """
     now = now or timezone.now()
-    candidates = list(WebhookEvent.objects.filter(due_q(now)).order_by("received_at").values_list("pk", "enqueued_at")[:5000])
-    enqueued: list[uuid.UUID] = []
-    for event_id, previous in candidates:
-        with transaction.atomic():
-            if WebhookEvent.objects.filter(due_q(now), pk=event_id, enqueued_at=previous).update(enqueued_at=now):
-                transaction.on_commit(lambda event_id=event_id: receipt.enqueue_event(event_id))
-                enqueued.append(event_id)
-    if enqueued:
-        logger.info("Webhook sweeper enqueued %d event(s)", len(enqueued))
-    return enqueued
+    due = list(WebhookEvent.objects.filter(claimable_q(now)).order_by().values_list("pk", flat=True)[:SWEEP_REPORTED])
+    if due:
+        wakeup.notify(wakeup.INBOX_CHANNEL)
+    return due
+
+
+# Due events a sweep names at most (in its report); it wakes the workers for all of them.
+SWEEP_REPORTED = 1000

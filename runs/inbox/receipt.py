@@ -32,10 +32,9 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
-from django_q.tasks import async_task
 
 from config.lib import crypto, files, safe_json
-from runs import services
+from runs import services, wakeup
 from runs.inbox import signing
 from runs.inbox.refusals import BadAttachments, BodyTooLarge, MalformedEvent, MessageIdMissing, NotAccepted
 from runs.models import SignatureScheme, WebhookEvent, WebhookSource
@@ -300,11 +299,9 @@ def receive_event(*, slug: str, body: bytes, headers: Mapping[str, str]) -> Rece
                 attachments=stored,
                 received_at=now,
                 next_attempt_at=now,
-                enqueued_at=now,
             )
-            # A failed enqueue must not turn a stored event into an error for the provider: the
-            # sweeper enqueues received events whose task never came.
-            transaction.on_commit(lambda: enqueue_event(event_id), robust=True)
+            # Wakes the workers at the commit; a worker's poll finds the event anyway.
+            announce_event(event_id)
     except IntegrityError:
         shutil.rmtree(attachments_dir(event_id), ignore_errors=True)
         existing = WebhookEvent.objects.filter(source=source, external_id=external_id).first()
@@ -318,6 +315,6 @@ def receive_event(*, slug: str, body: bytes, headers: Mapping[str, str]) -> Rece
     return Receipt(event, created=True)
 
 
-def enqueue_event(event_id: uuid.UUID) -> None:
-
-    async_task("runs.tasks.process_webhook_event", str(event_id), task_name=f"webhook {event_id}", group="webhooks")
+def announce_event(event_id: uuid.UUID) -> None:
+    """Event `event_id` became claimable: wake the workers at this transaction's commit (runs.wakeup)."""
+    wakeup.notify(wakeup.INBOX_CHANNEL)

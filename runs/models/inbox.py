@@ -125,9 +125,6 @@ class WebhookEvent(models.Model):
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     leased_by = models.CharField(max_length=255, blank=True)
-    # When a task to process it was last enqueued: the sweeper enqueues an event at most once
-    # per lease period, so a backlog does not grow by a task per event every minute.
-    enqueued_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     resolved_by = models.ForeignKey(

@@ -118,9 +118,6 @@ class AgentRun(models.Model):
     # What a worker reported after its run had already been settled by someone else (e.g. a
     # reconciliation): kept beside the first verdict instead of silently overwriting it.
     late_outcome = models.JSONField(null=True, blank=True)
-    # When the reconciliation job last enqueued this run again because it was still queued
-    # long after it was written (its task was lost); limits re-enqueueing to once a period.
-    requeued_at = models.DateTimeField(null=True, blank=True)
     # Model-call retries that happened inside the run: [{"reason": ..., "at": ...}, ...].
     model_retries = models.JSONField(default=list, blank=True)
     # The inbox event this run processes (trigger `webhook`); an event keeps all its attempts.

@@ -6,7 +6,7 @@ from runs import reconcile, recovery
 class Command(BaseCommand):
     help = (
         "Reconcile stale running runs now (error/reconciled, with the tools the journal proves "
-        "they called), enqueue again runs stuck in queued, and continue the runs that died when nothing "
+        "they called), and continue the runs that died when nothing "
         "needs a person (RUN_RECOVERY). Prints every run it reconciled or continued."
     )
 
@@ -15,8 +15,6 @@ class Command(BaseCommand):
             self.stdout.write(f"reconciled {reconcile.describe([run])[0]}")
 
         report = reconcile.sweep(on_reconciled=printed)
-        for run_id in report.requeued:
-            self.stdout.write(f"enqueued again {run_id} (still queued after RUN_REQUEUE_AFTER_SECONDS)")
         for resumed in recovery.recover_due():
             self.stdout.write(f"continued {resumed.resume_of_id} as {resumed.run_id} (nothing of it was in doubt)")
         self.stdout.write(self.style.SUCCESS(str(report).capitalize() + "."))

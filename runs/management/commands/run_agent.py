@@ -67,9 +67,11 @@ class Command(BaseCommand):
             if handle is not None:
                 handle.close()
         self.stdout.write(str(run.run_id))
-        if options["inline"]:
-            executor.execute(run.run_id)
-        elif options["wait"]:
+        # Inline, this process claims the run at once; a worker that got there first runs it, and
+        # this waits for it as --wait does.
+        if options["inline"] and executor.execute(run.run_id) != executor.NOT_CLAIMED:
+            pass
+        elif options["inline"] or options["wait"]:
             deadline = time.monotonic() + options["timeout"]
             while AgentRun.objects.filter(pk=run.run_id, status__in=IN_FLIGHT).exists():
                 if time.monotonic() > deadline:

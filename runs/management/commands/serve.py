@@ -34,8 +34,8 @@ def agent_tools_line(spec) -> str:
 
 class Command(BaseCommand):
     help = (
-        "Serve the app (ASGI, uvicorn) and its django-q2 worker together until Ctrl-C. "
-        "For production run the two as separate services (see the README)."
+        "Serve the app (ASGI, uvicorn), its worker processes (runworker) and the periodic jobs (django-q2's "
+        "qcluster) together until Ctrl-C. For production run the three as separate services (see the README)."
     )
 
     def add_arguments(self, parser):
@@ -75,7 +75,8 @@ class Command(BaseCommand):
         python = sys.executable
         commands = {
             "web": web_command(host=options["host"], port=options["port"], workers=options["web_workers"]),
-            "worker": [python, "manage.py", "qcluster"],
+            "worker": [python, "manage.py", "runworker"],
+            "periodic-job": [python, "manage.py", "qcluster"],
         }
         processes = {
             name: subprocess.Popen(command, cwd=settings.BASE_DIR, start_new_session=True)
@@ -84,7 +85,7 @@ class Command(BaseCommand):
         self.stdout.write(
             self.style.SUCCESS(
                 f"Agent Ledger on http://{options['host']}:{options['port']}/admin/ "
-                f"(worker: {settings.Q_WORKERS} processes). Ctrl-C stops both."
+                f"(worker: {settings.RUN_WORKER_PROCESSES} processes). Ctrl-C stops all three."
             )
         )
         stopping = False
@@ -106,9 +107,9 @@ class Command(BaseCommand):
                     stopping = True
                     break
             time.sleep(0.5)
-        # Only the leaders get SIGTERM: each one stops its own children in order (django-q2's
-        # workers finish their task, then drain their runs for RUN_DRAIN_SECONDS and abort the
-        # rest); signalling the whole group at once makes qcluster hang.
+        # Only the leaders get SIGTERM: each one stops its own children in order (runworker's
+        # processes drain their runs for RUN_DRAIN_SECONDS and abort the rest; qcluster finishes
+        # its job); signalling the whole group at once makes qcluster hang.
         for process in processes.values():
             if process.poll() is None:
                 process.terminate()
@@ -127,8 +128,8 @@ class Command(BaseCommand):
             raise CommandError(failed)
 
 
-# Beyond the drain: the time django-q2 needs to stop its pusher and monitor, and a run aborted at
-# the end of the drain needs to write its outcome.
+# Beyond the drain: the time a run aborted at the end of the drain needs to write its outcome, and
+# django-q2 to stop its pusher and monitor.
 STOP_MARGIN_SECONDS = 30
 
 

@@ -1,11 +1,11 @@
-"""Nothing waits forever: each kind of a cluster's processes SIGKILLed with runs queued and in flight.
+"""Nothing waits forever: each kind of process SIGKILLed with runs queued, in flight and waiting.
 
-Real `manage.py qcluster` processes on PostgreSQL. After the kill nobody helps: the cluster itself
-notices the death (`runs.deaths`), releases the locks of its queues the dead process held
-(`runs.queue_locks`), sweeps every second on these settings (`runs.sweeper`: stale runs, runs whose
-task was lost) and continues the runs that died (`runs.recovery`). Every run must then end
-`success`, or wait for a person with a call in doubt; none stays `queued`; no effect happens twice;
-and the cluster goes on delivering results.
+Real `manage.py runworker` (and `qcluster`) processes on PostgreSQL. After the kill nobody helps:
+a worker's parent notices its child's death (`waitpid`), another machine's workers notice a whole
+`runworker` gone by its advisory locks (`runs.presence`), each worker sweeps every second on these
+settings (`runs.sweeper`) and the runs that died are continued (`runs.recovery`). Every run must
+then end `success`, wait for a person with a call in doubt, or wait for its approval; none stays
+`queued`; no effect happens twice.
 """
 
 from __future__ import annotations
@@ -17,41 +17,41 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 from django.db import connection
-from django_q.models import OrmQ
 
-from agents.models import CrmNote, OutboxEmail
+from agents.models import CrmNote, OutboxEmail, Refund
 from runs import services
-from runs.models import AgentRun, Recovery, RunStatus
+from runs.models import AgentRun, PendingCall, Recovery, RunStatus
 from tests.helpers import (
     UPDATE_CRM,
     alive,
     chain_end,
     chain_ids,
-    cluster_pids,
+    pid_of_worker,
     postgres_only,
     run_python,
     script_params,
     start_cluster,
-    stop_cluster,
-    wait_for_cluster,
+    start_workers,
+    stop_group,
+    wait_for_workers,
     wait_until,
+    worker_pids,
 )
+from tests.test_approvals import BIG_REFUND, REFUNDED
 
 pytestmark = [pytest.mark.slow, postgres_only, pytest.mark.django_db(transaction=True)]
 
-# Small windows, so that staleness, a lost task and a recovery's backoff each take seconds; two
-# runs per worker, so that most of the burst is still queued when the kill comes.
+# Small windows, so that staleness and a recovery's backoff each take seconds; two runs per worker
+# process, so that most of the burst is still queued when the kill comes.
 FAST = {
     "RUN_STALE_AFTER_SECONDS": "4",
-    "RUN_REQUEUE_AFTER_SECONDS": "5",
     "RUN_CONCURRENCY": "2",
-    "RUN_SLOT_WAIT_SECONDS": "1",
     "RUN_RECOVERY_BACKOFF_SECONDS": "1",
+    "RUN_POLL_SECONDS": "0.5",
 }
 BURST = 10
 SETTLE_SECONDS = 150
@@ -71,13 +71,20 @@ def _burst(count: int = BURST) -> list[AgentRun]:
     ]
 
 
-def _one_sent_and_some_queued(runs: list[AgentRun]) -> AgentRun | None:
-    """A run in flight that sent its email, while other runs of the burst are still queued."""
+def _refund() -> AgentRun:
+    """A run that asks for a refund's approval and waits for it (holding no worker)."""
+    return services.start_run(agent_name="support", message="Refund order A-1001.", owner_id="jane",
+                              params=script_params(BIG_REFUND, REFUNDED))
+
+
+def _one_sent_and_some_queued(runs: list[AgentRun], *, host: str = "") -> AgentRun | None:
+    """A run in flight (on `host`, if given) that sent its email, while other runs of the burst are still queued."""
     ids = [run.pk for run in runs]
     if not AgentRun.objects.filter(pk__in=ids, status=RunStatus.QUEUED).exists():
         return None
     return AgentRun.objects.filter(
-        pk__in=ids, status=RunStatus.RUNNING, tool_calls__tool_name="send_email", tool_calls__status="answered"
+        pk__in=ids, status=RunStatus.RUNNING, tool_calls__tool_name="send_email", tool_calls__status="answered",
+        worker__startswith=f"{host}:" if host else "",
     ).exclude(worker="").first()
 
 
@@ -91,16 +98,16 @@ def _states(runs: list[AgentRun]) -> list[tuple]:
     return [(e.status, e.error_code, e.recovery, e.attempts) for e in map(chain_end, runs)]
 
 
-def _last_task() -> int:
-    return OrmQ.objects.order_by("-id").values_list("id", flat=True).first() or 0
+def assert_nothing_waits_forever(runs: list[AgentRun], *, refund: AgentRun | None = None) -> None:
+    def settled() -> bool:
+        waiting = refund is None or chain_end(refund).status == RunStatus.WAITING or _done(chain_end(refund))
+        return waiting and all(_done(chain_end(run)) for run in runs)
 
-
-def assert_nothing_waits_forever(runs: list[AgentRun], *, last_task_before_kill: int) -> None:
     try:
-        wait_until(lambda: all(_done(chain_end(run)) for run in runs), timeout=SETTLE_SECONDS,
-                   what="every run to finish or wait for a person", step=0.5)
+        wait_until(settled, timeout=SETTLE_SECONDS, what="every run to finish or wait", step=0.5)
     except AssertionError as timed_out:
-        raise AssertionError(f"{timed_out}: (status, code, recovery, attempts) = {_states(runs)}") from None
+        extra = _states([refund]) if refund is not None else []
+        raise AssertionError(f"{timed_out}: (status, code, recovery, attempts) = {_states(runs)} {extra}") from None
     for run in runs:
         end, ids = chain_end(run), chain_ids(run)
         assert not AgentRun.objects.filter(pk__in=ids, status=RunStatus.QUEUED).exists()
@@ -113,60 +120,97 @@ def assert_nothing_waits_forever(runs: list[AgentRun], *, last_task_before_kill:
             # Waiting for a person for a reason the desk shows: a call that may have acted.
             assert end.recovery == Recovery.NEEDS_PERSON and "doubt" in end.recovery_detail, (
                 end.error_code, end.recovery, end.recovery_detail)
-    # Every task enqueued after the kill (hand-backs of a full worker, runs enqueued again) was
-    # delivered and its result acknowledged, which deletes it: a dead monitor, or a dead holder of
-    # one of the cluster's queue locks, would leave them there for good.
-    wait_until(lambda: not OrmQ.objects.filter(id__gt=last_task_before_kill).exists(), timeout=60,
-               what="the tasks enqueued after the kill to be acknowledged")
-
-
-@pytest.mark.parametrize("kind", ["worker", "pusher", "monitor", "cluster"])
-def test_a_sigkilled_cluster_process_leaves_no_run_behind(kind, tmp_path):
-    log = tmp_path / "cluster.log"
-    cluster = start_cluster(log, **FAST)
-    replacement = None
-    try:
-        pids = wait_for_cluster(log, cluster)
-        runs = _burst()
-        victim = wait_until(lambda: _one_sent_and_some_queued(runs), timeout=90,
-                            what="a run in flight that sent its email, others queued")
-        started = len(cluster_pids(log)[kind]) if kind != "cluster" else 0
-        last_task = _last_task()
-        if kind == "cluster":
-            stop_cluster(cluster)
-            replacement = start_cluster(tmp_path / "cluster-2.log", **FAST)
+    if refund is not None:
+        # It waits for its approval, once; or, killed between asking and parking, for a person who
+        # sees the call in doubt. Nothing was refunded without an approval.
+        end = chain_end(refund)
+        if end.status == RunStatus.WAITING:
+            assert PendingCall.objects.filter(run=end, decision="").count() == 1
         else:
-            pid = int(victim.worker.rsplit(":", 1)[1]) if kind == "worker" else pids[kind][-1]
-            os.kill(pid, signal.SIGKILL)
-            # The sentinel starts another of its kind.
-            wait_until(lambda: len(cluster_pids(log)[kind]) > started, timeout=30, what=f"a new {kind}")
-        assert_nothing_waits_forever(runs, last_task_before_kill=last_task)
-    finally:
-        stop_cluster(cluster)
-        if replacement is not None:
-            stop_cluster(replacement)
+            assert end.recovery == Recovery.NEEDS_PERSON and "doubt" in end.recovery_detail, (
+                end.error_code, end.recovery, end.recovery_detail)
+        assert Refund.objects.count() == 0
 
 
-def test_idle_workers_killed_while_waiting_for_a_task_leave_the_cluster_starting_runs(tmp_path):
-    # An idle worker waits for the next task holding the task queue's reader lock (one of them
-    # does at any time). Before the lock was released on its death, the cluster never started a
-    # run again: the tasks stayed in its queue and the runs `queued`.
-    log = tmp_path / "cluster.log"
-    cluster = start_cluster(log, **FAST)
-    try:
-        pids = wait_for_cluster(log, cluster)
-        time.sleep(2)  # both workers are in their queue's get by now
-        for pid in pids["worker"]:
-            os.kill(pid, signal.SIGKILL)
-        wait_until(lambda: len([p for p in cluster_pids(log)["worker"] if p not in pids["worker"]]) >= 2,
-                   timeout=30, what="two new workers")
-        last_task = _last_task()
-        runs = _burst(4)
-        assert_nothing_waits_forever(runs, last_task_before_kill=last_task)
-        assert all(chain_end(run).pk == run.pk for run in runs)  # each started once, by the cluster
-        assert "reader lock: released" in log.read_text()
-    finally:
-        stop_cluster(cluster)
+@pytest.fixture
+def started():
+    processes: list[subprocess.Popen] = []
+    yield processes
+    for process in processes:
+        stop_group(process)
+
+
+@pytest.mark.parametrize("kind", ["child", "runworker", "periodic", "machine"])
+def test_a_sigkilled_process_leaves_no_run_behind(kind, tmp_path, started):
+    log = tmp_path / "workers.log"
+    here = start_workers(log, WORKER_HOST="here", **FAST)
+    started.append(here)
+    cluster = start_cluster(tmp_path / "cluster.log", **FAST)
+    started.append(cluster)
+    if kind == "machine":
+        there = start_workers(tmp_path / "there.log", WORKER_HOST="there", **FAST)
+        started.append(there)
+        wait_for_workers(tmp_path / "there.log", there)
+    wait_for_workers(log, here)
+    refund = _refund()
+    runs = _burst()
+    victim = wait_until(lambda: _one_sent_and_some_queued(runs, host="here"), timeout=90,
+                        what="a run in flight here that sent its email, others queued")
+    before = worker_pids(log)
+    if kind == "child":
+        os.kill(pid_of_worker(victim.worker), signal.SIGKILL)
+        # Its parent starts another.
+        wait_until(lambda: len(worker_pids(log)) > len(before), timeout=30, what="a new worker process")
+    elif kind == "runworker":
+        stop_group(here)
+        started.append(start_workers(tmp_path / "workers-2.log", WORKER_HOST="here", **FAST))
+    elif kind == "periodic":
+        stop_group(cluster)
+    else:
+        # The whole machine "here": its workers and its periodic jobs. The other machine's workers
+        # see its locks go and continue its runs.
+        stop_group(here)
+        stop_group(cluster)
+    assert_nothing_waits_forever(runs, refund=refund)
+    if kind == "machine":
+        victim_end = chain_end(victim)
+        assert victim_end.worker.startswith("there:"), victim_end.worker
+        # Noticed by its lock, not by staleness.
+        assert "lock it held while alive" in AgentRun.objects.get(pk=victim.pk).error_message
+
+
+def test_two_machines_share_a_burst_and_one_finishes_the_others_runs(tmp_path, started):
+    logs = {host: tmp_path / f"{host}.log" for host in ("one", "two")}
+    machines = {host: start_workers(log, WORKER_HOST=host, **FAST) for host, log in logs.items()}
+    started.extend(machines.values())
+    for host, process in machines.items():
+        wait_for_workers(logs[host], process)
+    runs = _burst(16)
+    wait_until(lambda: _one_sent_and_some_queued(runs, host="one"), timeout=90, what="runs in flight on one")
+    hosts = {name.split(":", 1)[0] for name in AgentRun.objects.filter(pk__in=[r.pk for r in runs])
+             .exclude(worker="").values_list("worker", flat=True)}
+    assert hosts == {"one", "two"}, hosts
+    stop_group(machines["one"])
+    assert_nothing_waits_forever(runs)
+    # Whatever "one" held when it died was continued by "two".
+    for run in runs:
+        end = chain_end(run)
+        if end.pk != run.pk:
+            assert end.worker.startswith("two:"), end.worker
+
+
+def test_idle_worker_processes_killed_leave_the_machine_claiming_runs(tmp_path, started):
+    log = tmp_path / "workers.log"
+    here = start_workers(log, **FAST)
+    started.append(here)
+    pids = wait_for_workers(log, here)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: len([p for p in worker_pids(log) if p not in pids and alive(p)]) >= 2,
+               timeout=30, what="two new worker processes")
+    runs = _burst(4)
+    assert_nothing_waits_forever(runs)
+    assert all(chain_end(run).pk == run.pk for run in runs)  # each started once
 
 
 # --- Database faults ----------------------------------------------------------------------------------
@@ -181,27 +225,24 @@ def _terminate_other_connections() -> int:
         return cursor.fetchone()[0]
 
 
-def test_the_database_ends_the_clusters_connections_with_runs_in_flight(tmp_path):
-    # pg_terminate_backend of every connection of the cluster (its workers' among them: the ORM's,
-    # ADK's pool, the heartbeat's) while runs call their tools: a run goes on, or dies and is
-    # recovered, never settled as if it failed on its own; and the same workers go on serving.
-    log = tmp_path / "cluster.log"
-    cluster = start_cluster(log, **FAST)
-    try:
-        pids = wait_for_cluster(log, cluster)
-        runs = _burst()
-        wait_until(lambda: _one_sent_and_some_queued(runs), timeout=90,
-                   what="a run in flight that sent its email, others queued")
-        last_task = _last_task()
-        assert _terminate_other_connections() > 0
-        assert_nothing_waits_forever(runs, last_task_before_kill=last_task)
-        assert [pid for pid in pids["worker"] if not alive(pid)] == []
-        later = _burst(2)
-        wait_until(lambda: all(chain_end(run).status == RunStatus.SUCCESS for run in later), timeout=60,
-                   what="runs started after the fault to succeed")
-        assert {int(chain_end(run).worker.rsplit(":", 1)[1]) for run in later} <= set(pids["worker"])
-    finally:
-        stop_cluster(cluster)
+def test_the_database_ends_the_workers_connections_with_runs_in_flight(tmp_path, started):
+    # pg_terminate_backend of every connection of the workers (the ORM's, ADK's pool, the
+    # heartbeat's, the listener's with its lock) while runs call their tools: a run goes on, or dies
+    # and is recovered, never settled as if it failed on its own; and the same workers go on serving.
+    log = tmp_path / "workers.log"
+    here = start_workers(log, **FAST)
+    started.append(here)
+    pids = wait_for_workers(log, here)
+    runs = _burst()
+    wait_until(lambda: _one_sent_and_some_queued(runs), timeout=90,
+               what="a run in flight that sent its email, others queued")
+    assert _terminate_other_connections() > 0
+    assert_nothing_waits_forever(runs)
+    assert [pid for pid in pids if not alive(pid)] == []
+    later = _burst(2)
+    wait_until(lambda: all(chain_end(run).status == RunStatus.SUCCESS for run in later), timeout=60,
+               what="runs started after the fault to succeed")
+    assert {pid_of_worker(chain_end(run).worker) for run in later} <= set(pids)
 
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -276,7 +317,7 @@ def private_postgres():
         server.stop()
 
 
-def test_a_postgresql_restart_with_runs_in_flight(private_postgres, tmp_path):
+def test_a_postgresql_restart_with_runs_in_flight(private_postgres, tmp_path, started):
     server = private_postgres
     _sql(server.url("postgres"), "CREATE DATABASE ledger")
     url = server.url("ledger")
@@ -291,10 +332,11 @@ def test_a_postgresql_restart_with_runs_in_flight(private_postgres, tmp_path):
     )
     subprocess.run([str(PG_BIN / "psql"), "-q", "-v", "ON_ERROR_STOP=1", url.replace("postgres://", "postgresql://")],
                    input=schema, capture_output=True, text=True, check=True, timeout=120)
-    log = tmp_path / "cluster.log"
-    cluster = start_cluster(log, DATABASE_URL=url, **FAST)
+    log = tmp_path / "workers.log"
+    cluster = start_workers(log, DATABASE_URL=url, **FAST)
+    started.append(cluster)
     try:
-        wait_for_cluster(log, cluster)
+        wait_for_workers(log, cluster)
         started = run_python(
             "from runs import services\n"
             "for i in range(6):\n"
@@ -333,4 +375,4 @@ def test_a_postgresql_restart_with_runs_in_flight(private_postgres, tmp_path):
             else:
                 assert recovery == "needs_person" and "doubt" in detail, (code, recovery, detail)
     finally:
-        stop_cluster(cluster)
+        stop_group(cluster)

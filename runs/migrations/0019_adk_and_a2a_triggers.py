@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0017_desk_indexes'),
+        ('runs', '0018_ledger_is_the_queue'),
     ]
 
     operations = [
