@@ -11,7 +11,7 @@ started again instead, in a fresh session like a replay (`replay_of`, same reaso
 doubling). Otherwise the run waits on the desk for a person, and
 `recovery` / `recovery_detail` on it say why (docs/architecture.md, "Recovery without a person").
 
-Entry points: `recover` for one run (the death of a worker noticed by its cluster, a drain's aborted
+Entry points: `recover` for one run (the death of a worker noticed by its runworker parent, a drain's aborted
 runs), `recover_due` for the periodic sweep (runs reconciled on read or elsewhere, and attempts
 whose backoff has elapsed). Both are idempotent: the original is locked while deciding, and a run
 has one successor.
