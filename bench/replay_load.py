@@ -26,7 +26,6 @@ import os
 import random
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,17 +33,11 @@ import time
 from collections import Counter, defaultdict
 
 from _benchdb import ROOT, bench_database
-from _common import print_table, row, save_results, summary
+from _common import free_port, print_table, row, save_results, summary
 
 os.environ.setdefault("LOG_LEVEL", "WARNING")
 
 TOOLS = (["send_email"], ["lookup_customer", "send_email", "update_crm"])
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def make_runs(count: int) -> tuple[str, list[str], set[str]]:
