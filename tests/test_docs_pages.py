@@ -213,3 +213,33 @@ def test_the_file_modes_the_manual_states_are_the_codes():
             if match.group(1) not in modes:
                 assert text[match.end() : match.end() + 20].startswith(" keep their mode"), (page, match.group(0))
     assert stated, "the manual no longer says which modes stored files get"
+
+
+# --- Refusal codes --------------------------------------------------------------------------------
+
+# Codes a library answers under its own name (DRF's Throttled).
+LIBRARY_CODES = {"throttled"}
+
+
+def test_every_refusal_code_the_manual_names_is_one_the_code_answers():
+    """`409 run_waiting`, 409 `run_waiting`: each code is a string the code base answers with. The
+    changelog names codes that are gone, on purpose."""
+    source = "".join(path.read_text() for folder in CODE_DIRS for path in (ROOT / folder).rglob("*.py"))
+    named: set[str] = set()
+    for page in pages():
+        if page.name == "changelog.md":
+            continue
+        text = page.read_text()
+        named |= {code for _, code in re.findall(r"\b([45]\d\d) `([a-z][a-z_]+)`", text)}
+        named |= {code for _, code in re.findall(r"`([45]\d\d) ([a-z][a-z_]+)`", text)}
+    assert len(named) > 30
+    unknown = sorted(code for code in named - LIBRARY_CODES if f'"{code}"' not in source and f"'{code}'" not in source)
+    assert unknown == []
+
+
+def test_the_api_pages_resume_row_names_every_resume_refusal():
+    from runs.refusals import RESUME_REFUSAL_ORDER
+
+    row = next(row for row in table_after((DOCS / "api.md").read_text(), "| method, path |") if "/resume/`" in row[0])
+    named = set(re.findall(r"`([a-z_]+)`", row[2]))
+    assert {refusal.code for refusal in RESUME_REFUSAL_ORDER} <= named
