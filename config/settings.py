@@ -281,6 +281,8 @@ RUN_STALE_AFTER_SECONDS = env_int("RUN_STALE_AFTER_SECONDS", 60, minimum=1)
 RUN_MAX_SILENCE_HOURS = env_int("RUN_MAX_SILENCE_HOURS", 6, minimum=1)
 # A call that waits for a person (or a long-running tool's result) longer than this is rejected by the system.
 APPROVAL_TIMEOUT_SECONDS = env_int("APPROVAL_TIMEOUT_SECONDS", 259_200, minimum=1)
+# A confirmation stands for a second person: whoever started a run may not approve its calls unless this is true.
+APPROVAL_BY_STARTER_ALLOWED = env_bool("APPROVAL_BY_STARTER_ALLOWED", False)
 RUN_TIMEOUT_SECONDS = env_int("RUN_TIMEOUT_SECONDS", 1800, minimum=1)
 # Runs one worker process keeps in flight on its agent loop (runs.worker); it claims another run
 # from the ledger only when one of these slots is free.

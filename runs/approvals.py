@@ -223,6 +223,7 @@ def decide_call(*, run_id: Any, call_id: str, actor: Any, decision: Any, note: A
     payload = _checked_payload(payload)
     with transaction.atomic():
         run, pending = _locked_call(run_id=run_id, call_id=call_id, actor=actor)
+        permissions.check_may_approve(actor=actor, run=run)
         if pending.kind != WaitKind.CONFIRMATION:
             raise WrongAnswerKind(pending.call_id, "its tool's result", "result")
         if payload is not None and decision == Decision.REJECT:

@@ -484,6 +484,18 @@ class AnswerNotPermitted(Refusal):
         )
 
 
+class ApprovalByStarter(Refusal):
+    status = 403
+    code = "approval_by_starter"
+
+    def __init__(self, run_id: Any):
+        super().__init__(
+            f"You started run {run_id}, so you may not approve or reject its calls: a confirmation stands for a "
+            "second person (APPROVAL_BY_STARTER_ALLOWED is false). Ask another approver.",
+            run_id=str(run_id),
+        )
+
+
 class UnknownDecision(Refusal):
     status = 400
     code = "unknown_decision"

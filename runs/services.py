@@ -279,15 +279,29 @@ def start_run(
     return run
 
 
-def write_queued_run(*, actor: Any, chat: bool = False, enqueue: bool = True, **fields: Any) -> AgentRun:
+def write_queued_run(
+    *, actor: Any, chat: bool = False, enqueue: bool = True, on_behalf_of: Any = None, **fields: Any
+) -> AgentRun:
     """Write a run `queued` and tell the workers at the commit, inside the caller's transaction: the one writer
     of new runs (`start_run`, and a replay's or resume's `AgentRun.successor_fields`).
 
     The run counts against `actor`'s cap of work in flight (`runs.quotas`), is `created_by` them
     when they are a person, and carries its agent's fingerprint now unless `fields` give one.
+    The system (`actor` None) continuing a chain passes the chain's person as `on_behalf_of`: the run
+    is theirs (`created_by`, counted in their cap from now on, seen and cancelled by them) and marked
+    `continued_by_system`; it replaces a run that died, so it is not refused by the cap.
     """
+    if actor is None and on_behalf_of is not None:
+        fields["created_by"], fields["continued_by_system"] = on_behalf_of, True
+        return _write(enqueue=enqueue, fields=fields)
     quotas.check_in_flight(user=actor, chat=chat)
     fields["created_by"] = actor if getattr(actor, "is_authenticated", False) else None
+    if actor is None:
+        fields["continued_by_system"] = bool(fields.get("resume_reason"))
+    return _write(enqueue=enqueue, fields=fields)
+
+
+def _write(*, enqueue: bool, fields: dict[str, Any]) -> AgentRun:
     if "agent_fingerprint" not in fields:
         fields["agent_fingerprint"] = resume_rules.current_fingerprint(
             agent_name=fields["agent_name"], workflow=(fields.get("config") or {}).get("workflow") or None

@@ -25,8 +25,8 @@ def approvals_context(run: AgentRun, *, user) -> dict:
     return {
         "waiting_calls": [call for call in calls if call.is_open],
         "answered_calls": [call for call in calls if not call.is_open],
-        "can_approve": permissions.may_approve(user=user),
-        "can_answer": permissions.may_answer(user=user),
+        "can_approve": permissions.may_decide_on(user=user, run=run),
+        "can_answer": permissions.may_answer(user=user, run=run),
         "max_decision_note_chars": approvals.NOTE_MAX_CHARS,
     }
 
