@@ -231,6 +231,16 @@ class NoteHasHiddenCharacters(Refusal):
         )
 
 
+class ReasonHasHiddenCharacters(Refusal):
+    status = 400
+    code = "reason_invalid"
+
+    def __init__(self, problem: str):
+        super().__init__(
+            f"The reason contains {problem}; write it in plain text (line breaks and tabs are fine)."
+        )
+
+
 class UnknownOutcome(Refusal):
     status = 400
     code = "unknown_outcome"

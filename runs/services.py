@@ -29,6 +29,7 @@ from agents.services import resolve_runnable
 from agents.workflows import WorkflowGraphError, validate_workflow_params
 from config.lib import files, safe_json
 from config.lib.refusals import TooLargeInput, required_text
+from config.lib.text import hidden_character
 from runs import approvals, journal, lifecycle, permissions, quotas, reconcile, visibility
 from runs import replay as rules
 from runs import resume as resume_rules
@@ -36,6 +37,7 @@ from runs.counters import REPLAY_REFUSALS
 from runs.faults import check_may_place_faults
 from runs.models import STREAMED_TRIGGERS, AgentRun, Conversation, EffectsChoice, RunStatus, Trigger
 from runs.refusals import (
+    ReasonHasHiddenCharacters,
     ReasonRequired,
     ReasonTooLong,
     RedoNeedsForce,
@@ -320,7 +322,11 @@ MAX_FORCE_REASON_CHARS = 2000
 
 def check_force_reason(reason: Any) -> str:
     """The one rule for a force's reason, for every door: given, and not too long. Returns it cleaned."""
-    return required_text(reason, limit=MAX_FORCE_REASON_CHARS, missing=ReasonRequired, too_long=ReasonTooLong)
+    text = required_text(reason, limit=MAX_FORCE_REASON_CHARS, missing=ReasonRequired, too_long=ReasonTooLong)
+    # Kept in the audit log for the next person, as a settle note is: the same rule.
+    if (problem := hidden_character(text)) is not None:
+        raise ReasonHasHiddenCharacters(problem)
+    return text
 
 
 def check_force(*, actor: Any, reason: Any) -> str:

@@ -47,6 +47,8 @@ def answer_call_view(modeladmin, request, object_id: str, call_id: str):
     run = modeladmin.get_object(request, unquote(object_id))
     if run is None or not modeladmin.has_view_permission(request, run):
         raise Http404("No such run.")
+    # Quoted as the admin quotes keys: a call id may hold `/` (ADK leaves ids to the model or tool).
+    call_id = unquote(call_id)
     try:
         if "result" in request.POST:
             pending: PendingCall = approvals.give_result(

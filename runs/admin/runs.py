@@ -11,6 +11,7 @@ from django.utils.html import format_html, format_html_join
 from agents import services as agent_services
 from config.lib.admin import (
     CappedCountPaginator,
+    CheckedSelectionMixin,
     ObjectButton,
     PrimaryKeySearchMixin,
     ReadOnlyAdminMixin,
@@ -61,7 +62,7 @@ class ToolCallInline(ReadOnlyAdminMixin, admin.TabularInline):
 
 
 @admin.register(AgentRun)
-class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+class AgentRunAdmin(CheckedSelectionMixin, PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     change_form_template = "admin/runs/agentrun/change_form.html"
     list_display = [
         "short_id",
