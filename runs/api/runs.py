@@ -30,6 +30,7 @@ from runs.api.serializers import (
     ToolCallSerializer,
 )
 from runs.models import AgentRun, RunStatus, RunStep, ToolCall, Trigger
+from runs.public_text import public_event_error
 from runs.refusals import REPLAY_REFUSAL_ORDER, RESUME_REFUSAL_ORDER, said_in_order
 
 CURSOR_FORMAT = "cursor"
@@ -332,11 +333,21 @@ class RunViewSet(CallAnswerActions, mixins.ListModelMixin, mixins.RetrieveModelM
 
     @extend_schema(
         summary="The run's ADK session events",
-        description="What the user said (attachments described, not copied), model text, calls, responses, errors.",
+        description=(
+            "What the user said (attachments described, not copied), model text, calls, responses, errors. An "
+            "error raised in the agent's code reads as `agent_error` with the run page's words; its class and "
+            "text stay on the run's page in the admin."
+        ),
         responses={200: RunEventsSerializer, **errors(401, 404)},
     )
     @action(detail=True, methods=["get"])
     def events(self, request, run_id=None):
         run = self.get_object()
-        body = {"run_id": run.run_id, "session_id": run.session_id, "events": timeline.run_events(run)}
+        events = [
+            {**event, **dict(zip(("error_code", "error_message"),
+                                 public_event_error(error_code=event["error_code"], error_message=event["error_message"]),
+                                 strict=True))}
+            for event in timeline.run_events(run)
+        ]
+        body = {"run_id": run.run_id, "session_id": run.session_id, "events": events}
         return Response(RunEventsSerializer(body).data)
