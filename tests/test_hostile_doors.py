@@ -137,3 +137,101 @@ def test_a_force_reason_with_bidi_or_control_characters_is_refused(reason):
     with pytest.raises(services.ReasonHasHiddenCharacters):
         services.check_force_reason(reason)
     assert services.check_force_reason("The customer confirmed\non the phone.").startswith("The customer")
+
+
+# --- JSON that means two things ---------------------------------------------------------------------------------
+
+
+def test_a_json_body_with_a_repeated_key_is_refused(alice, no_worker):
+    body = b'{"agent": "support", "owner_id": "jane", "message": "Hi.", "owner_id": "alice"}'
+    response = api(alice).post("/api/runs/", body, content_type="application/json")
+    refused(response, 400)
+    assert "'owner_id' appears twice" in response.json()["detail"]
+    assert not AgentRun.objects.exists()
+
+
+# --- Hosts, headers, guessing -----------------------------------------------------------------------------------
+
+
+def test_an_unknown_host_on_the_api_is_json_under_debug_too(settings):
+    settings.DEBUG = True
+    body = refused(Client(HTTP_HOST="evil.example").get("/api/runs/"), 400, "invalid_host")
+    assert "evil.example" not in body["detail"]
+
+
+def test_the_admin_sends_a_content_security_policy(admin_user, settings):
+    client = Client()
+    client.force_login(admin_user)
+    page = client.get("/admin/runs/agentrun/")
+    assert page.status_code == 200
+    assert "script-src 'self'" in page["Content-Security-Policy"]
+    assert "frame-ancestors 'none'" in page["Content-Security-Policy"]
+    assert "Content-Security-Policy" not in api(admin_user).get("/api/runs/")
+    settings.ADMIN_CONTENT_SECURITY_POLICY = ""
+    assert "Content-Security-Policy" not in client.get("/admin/runs/agentrun/")
+
+
+def test_failed_token_authentications_from_one_address_are_paced(alice, settings):
+    from django.core.cache import cache
+
+    from runs.models import ApiToken
+
+    cache.clear()
+    settings.THROTTLE_RATES = {**settings.THROTTLE_RATES, "auth.failed_token": "3/min"}
+    good = ApiToken.objects.create(user=alice).key
+    guesser = Client(REMOTE_ADDR="198.51.100.7")
+    for attempt in range(3):
+        answer = guesser.get("/api/runs/", HTTP_AUTHORIZATION=f"Token guess-{attempt:040d}")
+        assert answer.status_code == 401, answer.content
+    paced = guesser.get("/api/runs/", HTTP_AUTHORIZATION=f"Token {good}")
+    refused(paced, 429)
+    assert int(paced["Retry-After"]) > 0
+    assert Client(REMOTE_ADDR="198.51.100.8").get("/api/runs/", HTTP_AUTHORIZATION=f"Token {good}").status_code == 200
+
+
+def test_one_password_sprayed_over_many_usernames_locks_the_address_out(django_user_model, settings):
+    settings.AXES_ENABLED = True
+    settings.LOGIN_FAILURE_LIMIT, settings.LOGIN_ADDRESS_FAILURE_LIMIT = 3, 4
+    django_user_model.objects.create_user("staff", password="right-pass-123", is_staff=True)
+    sprayer = Client(REMOTE_ADDR="203.0.113.5")
+    for name in ("ann", "ben", "cy", "dee"):
+        sprayer.post("/admin/login/?next=/admin/", {"username": name, "password": "Spring2026!"})
+    locked = sprayer.post("/admin/login/?next=/admin/", {"username": "staff", "password": "right-pass-123"})
+    assert locked.status_code == 429
+    elsewhere = Client(REMOTE_ADDR="203.0.113.6")
+    assert elsewhere.post("/admin/login/?next=/admin/",
+                          {"username": "staff", "password": "right-pass-123"}).status_code == 302
+
+
+# --- Offers and names ---------------------------------------------------------------------------------------------
+
+
+def test_resume_is_offered_only_to_whom_may_resume_a_run_that_ended(bob, run_viewer, support_agent):
+    waiting = make_run(status=RunStatus.WAITING, created_by=bob)
+    failed = make_run(status=RunStatus.ERROR, created_by=bob)
+    viewer = Client()
+    viewer.force_login(run_viewer)
+    for run in (failed, waiting):
+        page = viewer.get(f"{RUNS}{run.pk}/change/")
+        assert page.status_code == 200 and "resume-button" not in page.content.decode()
+    owner = Client()
+    owner.force_login(support_agent)
+    assert "resume-button" in owner.get(f"{RUNS}{failed.pk}/change/").content.decode()
+    assert "resume-button" not in owner.get(f"{RUNS}{waiting.pk}/change/").content.decode()
+
+
+def test_an_uploaded_file_name_over_255_characters_is_refused_not_cut(alice, no_worker):
+    name = "a" * 300 + ".txt"
+    boundary = "BoUnDaRy"
+    parts = [
+        *(f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"\r\n\r\n{value}\r\n'
+          for field, value in (("agent", "support"), ("owner_id", "jane"), ("message", "Read it."))),
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n'
+        "Content-Type: text/plain\r\n\r\nhello\r\n",
+        f"--{boundary}--\r\n",
+    ]
+    response = api(alice).post("/api/runs/", "".join(parts).encode(),
+                               content_type=f"multipart/form-data; boundary={boundary}")
+    body = refused(response, 400)
+    assert "longer than 255 characters" in json.dumps(body)
+    assert not AgentRun.objects.exists()

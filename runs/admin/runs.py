@@ -21,7 +21,7 @@ from runs import permissions, reconcile, resume, timeline
 from runs.admin import actions, approvals, live, run_page, settle
 from runs.admin.filters import AgentFilter, DeskFilter, StaleRunningFilter, ToolsStateFilter
 from runs.admin.resume import resume_selected
-from runs.models import UNSETTLED, AgentRun, ToolCall
+from runs.models import UNSETTLED, AgentRun, RunStatus, ToolCall
 
 
 class ToolCallInline(ReadOnlyAdminMixin, admin.TabularInline):
@@ -205,7 +205,8 @@ class AgentRunAdmin(CheckedSelectionMixin, PrimaryKeySearchMixin, ReadOnlyAdminM
             buttons.append(ObjectButton("force_replay_selected", "Force replay…", "force-replay-button"))
         if run.status in UNSETTLED and self.has_cancel_permission(request, run):
             buttons.append(ObjectButton("cancel_selected", "Cancel run", "cancel-button"))
-        elif run.status != "success":
+        # Offered only where it could be taken: a run that ended without success, to whom may resume it.
+        if run.status in (RunStatus.ERROR, RunStatus.CANCELLED) and permissions.may_resume(actor=request.user, run=run):
             buttons.append(ObjectButton("resume_selected", "Resume…", "resume-button"))
         return buttons
 

@@ -17,6 +17,7 @@ from config.lib.api_errors import InvalidCursor, errors
 from config.lib.parsers import BoundedMultiPartParser, StrictJSONParser
 from config.lib.serializers import EmptySerializer
 from config.lib.throttles import REPLAY, START_RUN, ScopedUserRateThrottle
+from config.lib.uploads import name_as_sent
 from runs import effects, reconcile, services, timeline, visibility
 from runs.api.approvals import CallAnswerActions
 from runs.api.serializers import (
@@ -199,7 +200,7 @@ class RunViewSet(CallAnswerActions, mixins.ListModelMixin, mixins.RetrieveModelM
             owner_id=data["owner_id"],
             params=data.get("params"),
             file=upload,
-            file_name=upload.name if upload is not None else None,
+            file_name=name_as_sent(upload) if upload is not None else None,
             created_by=request.user,
         )
         return self._run_response(run)
