@@ -540,6 +540,8 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "runs.api.chat.add_chat_to_schema",
+        # Any authenticated operation may answer 429 to an address guessing tokens (config/lib/auth.py).
+        "config.lib.auth.add_auth_pacing_to_schema",
     ],
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "runs.models.RunStatus",

@@ -13,6 +13,7 @@ from django.test import Client
 
 from agents.models import Refund
 from runs import executor, lifecycle, reconcile, recovery, services, visibility
+from runs.faults import faults_honoured
 from runs.models import AgentRun, OwnerGrant, PendingCall, RunStatus
 from runs.quotas import TooManyRunsInFlight
 from tests.helpers import run_now, script_params
@@ -136,8 +137,6 @@ def test_a_system_continuation_carries_the_chains_person_and_asks_the_owner_rule
 
 @db
 def test_faults_in_a_system_continuation_follow_the_chains_person(bob, admin_user, settings):
-    from runs.faults import faults_honoured
-
     OwnerGrant.objects.create(user=bob, owner_id="carol", granted_by=admin_user)
     original = _died_before_writing(created_by=admin_user, owner_id="carol")
     AgentRun.objects.filter(pk=original.pk).update(created_by=bob)

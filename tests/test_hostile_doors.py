@@ -12,10 +12,11 @@ import json
 
 import pytest
 from django.contrib.auth.models import Permission
+from django.core.cache import cache
 from django.test import Client
 
 from runs import services
-from runs.models import AgentRun, PendingCall, RunSchedule, RunStatus, WaitKind, WebhookSource
+from runs.models import AgentRun, ApiToken, PendingCall, RunSchedule, RunStatus, WaitKind, WebhookSource
 from tests.factories import make_run
 from tests.test_hostile_urls import api, refused
 from tests.test_owner_rule import login, schedule_form, scheduler, source_form  # noqa: F401 - fixture
@@ -172,10 +173,6 @@ def test_the_admin_sends_a_content_security_policy(admin_user, settings):
 
 
 def test_failed_token_authentications_from_one_address_are_paced(alice, settings):
-    from django.core.cache import cache
-
-    from runs.models import ApiToken
-
     cache.clear()
     settings.THROTTLE_RATES = {**settings.THROTTLE_RATES, "auth.failed_token": "3/min"}
     good = ApiToken.objects.create(user=alice).key

@@ -81,6 +81,23 @@ def authenticate_key(key: str, *, address: str | None):
         raise
 
 
+PACED_RESPONSE = {
+    "description": "Too many failed token authentications from your address (THROTTLE_FAILED_TOKENS); "
+                   "Retry-After says when to try again.",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+}
+
+
+def add_auth_pacing_to_schema(result, generator, request, public):
+    """drf-spectacular hook: every operation that may answer 401 may also answer the pacing's 429."""
+    for path_item in (result.get("paths") or {}).values():
+        for operation in path_item.values():
+            responses = operation.get("responses") if isinstance(operation, dict) else None
+            if responses and "401" in responses and "429" not in responses:
+                responses["429"] = dict(PACED_RESPONSE)
+    return result
+
+
 class ExpiringTokenAuthentication(TokenAuthentication):
     def authenticate(self, request):
         address = client_ip(request)
