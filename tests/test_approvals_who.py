@@ -10,12 +10,16 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import Permission
 from django.test import Client
+from google.adk.utils._function_call_names import REQUEST_CONFIRMATION_FUNCTION_CALL_NAME
+from google.genai import types
 
 from agents.models import Refund
 from runs import executor, lifecycle, reconcile, recovery, services, visibility
+from runs.adkwire.turns import answer_waiting
 from runs.faults import faults_honoured
 from runs.models import AgentRun, OwnerGrant, PendingCall, RunStatus
 from runs.quotas import TooManyRunsInFlight
+from runs.refusals import ApprovalByStarter
 from tests.helpers import run_now, script_params
 from tests.test_approvals import BIG_REFUND, REFUNDED, api, approver  # noqa: F401 - fixture
 
@@ -182,3 +186,16 @@ def test_an_integration_answers_one_owners_long_running_calls_without_reading_ev
     assert answered.status_code == 202, answered.json()
     listed = api(warehouse).get("/api/runs/").json()
     assert [row["run_id"] for row in listed["results"]] == [str(run.run_id)]
+
+
+@db
+def test_the_starter_answering_a_confirmation_over_adks_wire_is_refused_alike(alice):
+    alice.user_permissions.add(Permission.objects.get(codename="approve_toolcall"))
+    alice = type(alice).objects.get(pk=alice.pk)
+    run, pending = _waiting(created_by=alice)
+    answer = types.FunctionResponse(id=pending.request_call_id, name=REQUEST_CONFIRMATION_FUNCTION_CALL_NAME,
+                                    response={"confirmed": True})
+    with pytest.raises(ApprovalByStarter):
+        answer_waiting(actor=alice, run=run, responses=[answer])
+    pending.refresh_from_db()
+    assert pending.decision == "" and Refund.objects.count() == 0
