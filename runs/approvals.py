@@ -43,6 +43,7 @@ from agents import faults
 from agents.models import AdkEvent
 from agents.scripted import FAULT_KEYS, SCRIPT_STEP_KEY, ScriptPosition, resume_position
 from config.lib.safe_json import UnsafeInput, check_value
+from config.lib.text import hidden_character
 from runs import journal, leases, lifecycle, permissions, visibility
 from runs.models import (
     AgentRun,
@@ -55,6 +56,7 @@ from runs.models import (
 )
 from runs.refusals import (
     AlreadyDecided,
+    NoteHasHiddenCharacters,
     NoteTooLong,
     NotWaitingFor,
     PayloadNotAllowed,
@@ -161,6 +163,9 @@ def _note(value: Any) -> str:
     text = value.strip()
     if len(text) > NOTE_MAX_CHARS:
         raise NoteTooLong(NOTE_MAX_CHARS)
+    # Read by the next person on the run page, as a settle note is: the same rule.
+    if (problem := hidden_character(text)) is not None:
+        raise NoteHasHiddenCharacters(problem)
     return text
 
 
@@ -223,6 +228,7 @@ def decide_call(*, run_id: Any, call_id: str, actor: Any, decision: Any, note: A
     payload = _checked_payload(payload)
     with transaction.atomic():
         run, pending = _locked_call(run_id=run_id, call_id=call_id, actor=actor)
+        permissions.check_may_approve(actor=actor, run=run)
         if pending.kind != WaitKind.CONFIRMATION:
             raise WrongAnswerKind(pending.call_id, "its tool's result", "result")
         if payload is not None and decision == Decision.REJECT:

@@ -38,7 +38,7 @@ from agents.retrying import RetryLog, current_retry_log
 from agents.workflows import compile_workflow
 from memory.adk import memory_service
 from memory.services import remember_events
-from runs import approvals, leases, lifecycle, outcomes, telemetry
+from runs import approvals, leases, lifecycle, outcomes, owners, telemetry
 from runs.counters import MODEL_RETRIES
 from runs.effects import EffectsPlugin
 from runs.faults import faults_honoured
@@ -46,6 +46,7 @@ from runs.heartbeat import process_heartbeat
 from runs.journal import JournalPlugin
 from runs.models import AgentRun, RunStatus
 from runs.outcomes import Outcome
+from runs.refusals import OwnerNotPermitted
 from runs.resume import ResumePlan, resume_plan
 from runs.steps import RunStepRecorder
 
@@ -168,6 +169,10 @@ async def run_agent(
     run: AgentRun, control: RunControl, *, on_event: Callable[[Event], None] | None = None
 ) -> Outcome:
     """Run the agent for `run` and return its outcome; `on_event` sees every event ADK yields."""
+    if owners.is_continuation(run) and not await sync_to_async(owners.may_continue)(run):
+        # A grant taken back takes effect at once: a run going on without its person at a door
+        # (answered after it waited, continued by the system) ends refused, before ADK writes anything.
+        return Outcome(RunStatus.ERROR, OwnerNotPermitted.code, owners.no_longer_permitted(run))
     plugin = JournalPlugin(run.run_id, lease=run.lease)
     # Journal first, then effects: the effect class is stamped on the event the journal records.
     # Scripted tool faults sit either side of the effects plugin, at every tool's boundary.

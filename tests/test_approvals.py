@@ -39,9 +39,11 @@ REFUNDED = {"say": "Refunded order A-1001."}
 
 @pytest.fixture
 def approver(django_user_model):
-    """Support staff who may approve or reject calls that wait (runs.approve_toolcall)."""
+    """Support staff who may approve or reject calls that wait (runs.approve_toolcall) for every owner
+    (runs.act_for_any_owner): deciding asks the owner rule as a result does."""
     user = django_user_model.objects.create_user("ada", password="ada-pass-123", is_staff=True)
-    user.user_permissions.add(*Permission.objects.filter(codename__in=["view_agentrun", "approve_toolcall"]))
+    user.user_permissions.add(*Permission.objects.filter(
+        codename__in=["view_agentrun", "approve_toolcall", "act_for_any_owner"]))
     return user
 
 

@@ -11,6 +11,7 @@ from django.utils.html import format_html, format_html_join
 from agents import services as agent_services
 from config.lib.admin import (
     CappedCountPaginator,
+    CheckedSelectionMixin,
     ObjectButton,
     PrimaryKeySearchMixin,
     ReadOnlyAdminMixin,
@@ -20,7 +21,7 @@ from runs import permissions, reconcile, resume, timeline
 from runs.admin import actions, approvals, live, run_page, settle
 from runs.admin.filters import AgentFilter, DeskFilter, StaleRunningFilter, ToolsStateFilter
 from runs.admin.resume import resume_selected
-from runs.models import UNSETTLED, AgentRun, ToolCall
+from runs.models import UNSETTLED, AgentRun, RunStatus, ToolCall
 
 
 class ToolCallInline(ReadOnlyAdminMixin, admin.TabularInline):
@@ -61,7 +62,7 @@ class ToolCallInline(ReadOnlyAdminMixin, admin.TabularInline):
 
 
 @admin.register(AgentRun)
-class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+class AgentRunAdmin(CheckedSelectionMixin, PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     change_form_template = "admin/runs/agentrun/change_form.html"
     list_display = [
         "short_id",
@@ -204,7 +205,8 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
             buttons.append(ObjectButton("force_replay_selected", "Force replay…", "force-replay-button"))
         if run.status in UNSETTLED and self.has_cancel_permission(request, run):
             buttons.append(ObjectButton("cancel_selected", "Cancel run", "cancel-button"))
-        elif run.status != "success":
+        # Offered only where it could be taken: a run that ended without success, to whom may resume it.
+        if run.status in (RunStatus.ERROR, RunStatus.CANCELLED) and permissions.may_resume(actor=request.user, run=run):
             buttons.append(ObjectButton("resume_selected", "Resume…", "resume-button"))
         return buttons
 

@@ -181,7 +181,9 @@ class ReplayRequestSerializer(StrictSerializer):
     force = StrictBooleanField(required=False, default=False, help_text="Override a refusal (needs the permission).")
     reason = StrictCharField(
         required=False, default="", allow_blank=True, max_length=MAX_FORCE_REASON_CHARS,
-        help_text="Why forcing is acceptable; required with force.",
+        schema={"format": PLAIN_WORDS},
+        help_text="Why forcing is acceptable; required with force. Plain text (line breaks and tabs are fine; other "
+                  "control characters and invisible formatting characters such as bidi overrides are refused).",
     )
     effects = serializers.ChoiceField(
         choices=EffectsChoice.choices, required=False, default=EffectsChoice.REUSE,
@@ -377,7 +379,8 @@ class DecisionSerializer(StrictSerializer):
         help_text="approve: the call runs (under every rule); reject: the model is told it was rejected.",
     )
     note = StrictCharField(required=False, allow_blank=True, max_length=approvals.NOTE_MAX_CHARS,
-                           trim_whitespace=False, help_text="Why (recorded with the decision).")
+                           trim_whitespace=False, schema={"format": PLAIN_WORDS},
+                           help_text="Why (recorded with the decision): plain text (line breaks and tabs are fine; other control characters and invisible formatting characters such as bidi overrides are refused).")
     payload = serializers.JSONField(required=False, allow_null=True,
                                     help_text="What the tool asked for (its confirmation payload), if anything.")
 
@@ -388,7 +391,8 @@ class CallResultSerializer(StrictSerializer):
                                    help_text="The long-running call's answer: the function response the model sees "
                                              "(an object; anything else, null included, is sent as {\"result\": …}).")
     note = StrictCharField(required=False, allow_blank=True, max_length=approvals.NOTE_MAX_CHARS,
-                           trim_whitespace=False)
+                           trim_whitespace=False, schema={"format": PLAIN_WORDS},
+                           help_text="Plain text (line breaks and tabs are fine; other control characters and invisible formatting characters such as bidi overrides are refused).")
 
 
 class PendingCallSerializer(serializers.ModelSerializer):

@@ -138,9 +138,12 @@ class AgentRun(models.Model):
     # sha256 of the agent's definition when the run started (agents.fingerprint): a resume
     # refuses a run whose agent has changed since.
     agent_fingerprint = models.CharField(max_length=64, blank=True)
-    # Why this run resumes its `resume_of`: "recovered" when the system continued a run that died
-    # (no person asked: `created_by` is empty); blank when a person resumed it.
+    # Why this run resumes its `resume_of`: "recovered" when the system continued a run that died;
+    # blank when a person resumed it.
     resume_reason = models.CharField(max_length=16, blank=True)
+    # The system wrote this run (a continuation after a death), not a person at a door: `created_by`
+    # is then the chain's person, whose owner rule the worker asks again before it runs.
+    continued_by_system = models.BooleanField(default=False)
     # On a run that died (reconciled, or aborted by a drain): whether the system continued it, will,
     # or left it for a person, and why (`recovery_detail`).
     recovery = models.CharField(max_length=16, choices=Recovery.choices, blank=True)
