@@ -217,8 +217,8 @@ def test_the_file_modes_the_manual_states_are_the_codes():
 
 # --- Refusal codes --------------------------------------------------------------------------------
 
-# Codes a library answers under its own name (DRF's Throttled).
-LIBRARY_CODES = {"throttled"}
+# Codes a library answers under its own name (DRF's Throttled and ParseError).
+LIBRARY_CODES = {"throttled", "parse_error"}
 
 
 def test_every_refusal_code_the_manual_names_is_one_the_code_answers():
