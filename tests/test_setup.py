@@ -108,6 +108,25 @@ def test_run_agent_command_prints_the_run_id_and_the_outcome():
 
 @runs_for_real
 @pytest.mark.parametrize(
+    "script, status, returncode",
+    [
+        ([{"fail": "error", "message": "The model broke."}], RunStatus.ERROR, 2),
+        ([{"call": "issue_refund", "args": {"order_id": "A-1001", "amount_cents": 25_000}}, SAY_DONE],
+         RunStatus.WAITING, 3),
+    ],
+)
+def test_run_agent_wait_exits_non_zero_unless_the_run_succeeded(script, status, returncode, capsys):
+    with pytest.raises(CommandError) as exited:
+        call_command("run_agent", "support", "Refund A-1001", "--owner", "alice", "--inline",
+                     "--script", json.dumps(script))
+    assert exited.value.returncode == returncode
+    run = AgentRun.objects.get()
+    assert run.status == status
+    assert f"status: {status}" in capsys.readouterr().out
+
+
+@runs_for_real
+@pytest.mark.parametrize(
     "args, words",
     [
         (["nope", "hi", "--owner", "alice"], "no agent named 'nope'"),
@@ -199,3 +218,17 @@ def test_runs_are_read_only_records_in_the_admin(admin_client):
     for model in ("adksession", "adkevent", "outboxemail", "crmnote"):
         assert admin_client.get(reverse(f"admin:agents_{model}_changelist")).status_code == 200
         assert admin_client.get(reverse(f"admin:agents_{model}_add")).status_code == 403
+
+
+@pytest.mark.django_db
+def test_ensure_admin_resets_a_lost_password(monkeypatch, capsys, django_user_model):
+    monkeypatch.setenv("ADMIN_PASSWORD", "first-pass-123")
+    call_command("ensure_admin")
+    monkeypatch.delenv("ADMIN_PASSWORD")
+    capsys.readouterr()
+    call_command("ensure_admin")
+    assert "ensure_admin --reset-password" in capsys.readouterr().out
+    call_command("ensure_admin", "--reset-password")
+    password = capsys.readouterr().out.split("New password for 'admin': ")[1].split()[0]
+    admin = django_user_model.objects.get(username="admin")
+    assert admin.check_password(password) and not admin.check_password("first-pass-123")
