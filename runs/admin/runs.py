@@ -1,5 +1,6 @@
 """The run ledger in the admin: the run list and the run page (records, never forms)."""
 
+import json
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
@@ -29,7 +30,7 @@ class ToolCallInline(ReadOnlyAdminMixin, admin.TabularInline):
     verbose_name = "tool call"
     verbose_name_plural = "tool journal"
     # Few columns, each wide enough for its words: the call id and agent sit under the tool's name.
-    fields = ["seq", "tool", "args", "effect_class", "state", "called", "response_summary", "settlement"]
+    fields = ["seq", "tool", "arguments", "effect_class", "state", "called", "answer", "settlement"]
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -42,6 +43,14 @@ class ToolCallInline(ReadOnlyAdminMixin, admin.TabularInline):
     def tool(self, call: ToolCall) -> str:
         agent = f"by {call.agent_name} · " if call.agent_name else ""
         return format_html('<strong>{}</strong><div class="help">{}{}</div>', call.tool_name, agent, call.call_id)
+
+    @admin.display(description="arguments")
+    def arguments(self, call: ToolCall) -> str:
+        return format_html('<code class="call-data">{}</code>', json.dumps(call.args, ensure_ascii=False))
+
+    @admin.display(description="answer")
+    def answer(self, call: ToolCall) -> str:
+        return format_html('<code class="call-data">{}</code>', call.response_summary) if call.response_summary else "—"
 
     @admin.display(description="state")
     def state(self, call: ToolCall) -> str:
@@ -82,7 +91,6 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
         "trigger",
         "owner_id",
         "tools_called",
-        "attempts",
         "created",
         "duration",
         "error_code_label",
@@ -232,7 +240,9 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
 
     @admin.display(description="tools called")
     def tools_called(self, run: AgentRun) -> str:
-        return run_page.tools_label(run)
+        # Each tool's name on one line: the cell wraps between tools, never inside a name.
+        names = run_page.tools_label(run).split(", ")
+        return format_html_join(", ", '<span class="nowrap">{}</span>', ((name,) for name in names))
 
     @admin.display(description="model retries")
     def model_retries_summary(self, run: AgentRun) -> str:
