@@ -31,7 +31,7 @@ from google.adk.events.event import Event
 from google.adk.runners import Runner
 from google.genai import types
 
-from agents import faults
+from agents import faults, scripted
 from agents.adk import drop_unusable_connection, refresh_orm_thread_connections, run_coroutine, session_service
 from agents.registry import build_agent, build_app, get_agent_spec
 from agents.retrying import RetryLog, current_retry_log
@@ -123,7 +123,10 @@ def _build_app(
         return App(name=run.agent_name, root_agent=root, plugins=plugins)
     # The run's own wrapped copy of the loaded agent tree; the package's App keeps its plugins.
     spec = get_agent_spec(run.agent_name)
-    root = build_agent(spec, params=run.params, positions=positions)
+    # A replay or resume continues work its chain already tried: a transient scripted failure is spent.
+    continued = run.replay_of_id is not None or run.resume_of_id is not None
+    params = scripted.transient_failures_spent(run.params) if continued else run.params
+    root = build_agent(spec, params=params, positions=positions)
     return build_app(spec, root=root, name=run.agent_name, plugins=plugins)
 
 

@@ -96,6 +96,8 @@ class ObjectButton:
     action: str
     label: str
     element_id: str
+    # Why the rules refuse the action now: the button is shown greyed with this reason ("" = allowed).
+    refused: str = ""
 
 
 def object_buttons(modeladmin: Any, buttons: list[ObjectButton]) -> dict:

@@ -21,7 +21,7 @@ from config.lib.serializers import (
     StrictSerializer,
 )
 from config.lib.user_params import SCRIPT_KEYS, scripts_refusal
-from runs import approvals, resume
+from runs import approvals, call_states, resume
 from runs import replay as rules
 from runs.effects import MAX_NOTE_CHARS
 from runs.models import AgentRun, Decision, EffectsChoice, PendingCall, Recovery, RunStep, SettledOutcome, ToolCall
@@ -260,6 +260,9 @@ class ToolCallSerializer(serializers.ModelSerializer):
         help_text="The run is over, no person settled it, and it never answered or its effect never finished.",
     )
     effect = serializers.SerializerMethodField(help_text="read_only, idempotent or effectful, as at call time.")
+    state = serializers.SerializerMethodField(
+        help_text="What became of the call (runs.call_states): " + ", ".join(call_states.LABELS) + "."
+    )
     settled_by = serializers.SlugRelatedField(**_username)
     settled_outcome = serializers.ChoiceField(
         choices=SettledOutcome.choices, allow_blank=True, read_only=True, help_text="Empty until a person settles it."
@@ -267,10 +270,14 @@ class ToolCallSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = ToolCall
-        fields = ["seq", "call_id", "tool_name", "agent_name", "args", "effect", "effect_key", "status", "in_doubt",
+        fields = ["seq", "call_id", "tool_name", "agent_name", "args", "effect", "effect_key", "status", "state", "in_doubt",
                   "called_at", "answered_at", "response_summary", "settled_outcome", "settled_by", "settled_at",
                   "settle_note"]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.ChoiceField(choices=list(call_states.LABELS)))
+    def get_state(self, call: ToolCall) -> str:
+        return call_states.states_of(call.run, [call])[call.call_id].code
 
     def get_effect(self, call: ToolCall) -> str:
         # Not known at call time (e.g. a journal written before effect classes existed) is effectful.

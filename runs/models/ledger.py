@@ -258,6 +258,17 @@ class ToolCallStatus(models.TextChoices):
     DEDUPLICATED = "deduplicated", "deduplicated (served from record)"
     # Answered with an error: its key was already used with other stable fields; the tool did not run.
     REFUSED = "refused", "refused (key used with other stable fields)"
+    # Asked a person first and still waiting: the tool has not run (runs.approvals.park_run).
+    WAITING = "waiting", "waiting for a person's approval (not run)"
+    # Rejected by a person, by the approval timeout, or closed by a cancel: the tool never ran.
+    NOT_RUN = "not_run", "not run (rejected, timed out or closed)"
+
+
+# The statuses of calls whose tool never ran: kept when ADK's own answer to them arrives, and
+# never counted in `tools_executed`.
+NEVER_RAN = (ToolCallStatus.WAITING.value, ToolCallStatus.NOT_RUN.value)
+# Statuses an answer event does not overwrite (the call was served from a record, refused, or never ran).
+KEPT_ON_ANSWER = (ToolCallStatus.DEDUPLICATED.value, ToolCallStatus.REFUSED.value, *NEVER_RAN)
 
 
 class SettledOutcome(models.TextChoices):
