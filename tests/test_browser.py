@@ -146,7 +146,6 @@ def drive_the_desk(page, live_server, support_lead, failed, enqueued, tmp_path):
     executor.execute(replay.run_id)
     replay.refresh_from_db()
     page.reload()
-    save_docs_screenshot(page.screenshot(full_page=True), "run-page.png")
     chain = page.locator(".run-chain").inner_text()
     assert str(failed.run_id)[:8] in chain and "forced by lee" in chain
     assert page.locator(".field-status .readonly").inner_text().strip() == replay.status
