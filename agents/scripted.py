@@ -1,6 +1,6 @@
 """The offline `scripted` model: a real ADK BaseLlm that plays a script, one step per call.
 
-Steps (see the README for the whole format):
+Steps (docs/agents.md, "The demo agent and the offline scripted model", has the whole format):
   {"call": "send_email", "args": {...}}        answer with that function call
   [{"call": ...}, {"call": ...}]               parallel calls in one turn
   {"say": "text"}                              final text

@@ -213,7 +213,7 @@ async def run_agent(
     asked_in_workflow: list[str] = []
 
     def workflow_cannot_wait(tools: list[str]) -> None:
-        # Stop before a later step runs on the step's unanswered output (README, "Approvals").
+        # Stop before a later step runs on the step's unanswered output (docs/runs.md, "Approvals and tools that wait").
         asked_in_workflow.extend(tools)
         control.abort(outcomes.WORKFLOW_CANNOT_WAIT)
 

@@ -372,7 +372,7 @@ class ConversationMovedOn(ResumeRefused):
 
 # --- The orders the rules check in -------------------------------------------------------------------
 # The first refusal that applies answers. `runs.replay.decide` and `runs.resume.decide_resume` check
-# in these orders; the README's tables, the API's descriptions and docs/architecture.md say them
+# in these orders; the manual's tables (docs/runs.md), the API's descriptions and docs/architecture.md say them
 # (the API's are written from these tuples), and tests/test_docs_truth.py holds all of them to it.
 
 REPLAY_REFUSAL_ORDER: tuple[type[ReplayRefused], ...] = (

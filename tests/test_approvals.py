@@ -558,7 +558,7 @@ def test_a_chat_turn_that_waits_says_so_and_keeps_its_conversation_busy(server, 
 
 @db
 def test_a_workflow_step_that_asks_for_approval_stops_the_run_and_says_why(alice):
-    # Workflow runs cannot wait yet (README, "Approvals"): refused loudly, never a success without the answer.
+    # Workflow runs cannot wait yet (docs/runs.md, "Approvals and tools that wait"): refused loudly, never a success without the answer.
     save_workflow(name="refunds", graph={"steps": {"support": {"agent": "support"}, "triage": {"agent": "triage"}},
                                          "chains": [["START", "support", "triage"]]})
     run = run_now(agent_name="refunds", message="Refund order A-1001.", created_by=alice, params={"scripts": {

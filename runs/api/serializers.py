@@ -366,7 +366,7 @@ class RunStepSerializer(serializers.ModelSerializer):
 
 
 class ModelRetrySerializer(serializers.Serializer):
-    """One model call sent again at the model-call boundary (README, "Retries that cannot repeat a side effect")."""
+    """One model call sent again at the model-call boundary (docs/runs.md, "Retries that cannot repeat a side effect")."""
 
     reason = serializers.CharField(help_text="What the provider answered: rate_limit, empty_turn, stopped, "
                                              "malformed_function_call, recitation, server_error, connection_lost, "

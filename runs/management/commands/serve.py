@@ -37,7 +37,7 @@ def agent_tools_line(spec) -> str:
 class Command(BaseCommand):
     help = (
         "Serve the app (ASGI, uvicorn), its worker processes (runworker) and the periodic jobs (django-q2's "
-        "qcluster) together until Ctrl-C. For production run the three as separate services (see the README)."
+        "qcluster) together until Ctrl-C. For production run the three as separate services (see docs/scale.md)."
     )
 
     def add_arguments(self, parser):
