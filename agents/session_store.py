@@ -40,7 +40,7 @@ SQLite, session copies without a revision marker) goes through the stock impleme
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypeVar
@@ -126,12 +126,14 @@ _EVENT_COLUMNS = [(prop.key, prop.columns[0].key) for prop in _EVENT_MAPPER.colu
 _COMMIT_MAY_LAG = text("set_config('synchronous_commit', 'off', true) = 'off'")
 
 
-def _claim_then_insert(claim: Any, *, rider: TextClause | None = None, lagging: bool = False) -> Any:
+def _claim_then_insert(
+    claim: Any, *, rider: Sequence[TextClause] | None = None, lagging: bool = False
+) -> Any:
     """One statement: the event row is inserted only if `claim` matched the session's revision.
 
-    With a `rider` (PostgreSQL): its data-modifying statement joins as a later CTE, reading
-    `stored` (the inserted row, so it writes nothing when the event is not stored), still one
-    statement returning the event's id.
+    With a `rider` (PostgreSQL): each of its data-modifying statements joins as a later CTE,
+    reading `stored` (the inserted row, so it writes nothing when the event is not stored), still
+    one statement returning the event's id.
     """
     claimed = claim.returning(_SESSIONS.c.id).cte("claimed")
     row = select(*(bindparam(f"e_{column}", type_=_EVENTS.c[column].type) for _, column in _EVENT_COLUMNS))
@@ -142,13 +144,15 @@ def _claim_then_insert(claim: Any, *, rider: TextClause | None = None, lagging: 
         .from_select([column for _, column in _EVENT_COLUMNS], row.select_from(claimed))
         .returning(_EVENTS.c.id)
     )
-    if rider is None:
+    if not rider:
         return insert
     stored = insert.cte("stored")
     # Joined (LEFT, on true) rather than added: CTEs render in the order they are met, and the
     # rider must come after the `stored` it reads. It returns a row per row it wrote, hence DISTINCT.
-    ride = rider.columns(column("n")).cte("ride")
-    return select(stored.c.id).distinct().select_from(stored.outerjoin(ride, true()))
+    joined = stored
+    for index, statement in enumerate(rider):
+        joined = joined.outerjoin(statement.columns(column("n")).cte(f"ride_{index}"), true())
+    return select(stored.c.id).distinct().select_from(joined)
 
 
 _APPEND = _claim_then_insert(_CLAIM)
@@ -159,14 +163,15 @@ class AppendRider(Protocol):
     """Writes that ride in an event's append statement on PostgreSQL instead of following it.
 
     The ledger installs one (`runs.journal.AnswersRider`: the journal rows a function response
-    answers). `sql` is one data-modifying statement (`… RETURNING 1 AS n`) that reads the CTE
-    `stored` (the event row just inserted) and binds `k_ride_*` parameters; `params` gives them
+    answers, and the effect records it finishes). `sql` gives data-modifying statements (each
+    `… RETURNING 1 AS n`) that read the CTE `stored` (the event row just inserted) and bind
+    `k_ride_*` parameters; `params` gives them
     for one event row, or None when the rider has nothing to write for it (the row's
     `after_insert` hooks then do everything, as on SQLite). Only the statement is shared: the
     rider and those hooks agree between themselves on who wrote what.
     """
 
-    def sql(self) -> TextClause: ...
+    def sql(self) -> Sequence[TextClause]: ...
 
     def params(self, row: StorageEvent) -> dict[str, Any] | None: ...
 

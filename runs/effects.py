@@ -39,7 +39,7 @@ from agents.effects import IDEMPOTENT, KeyArgumentMissing, effect_of_call_name, 
 from config.lib.refusals import required_text
 from config.lib.text import hidden_character
 from runs import chain, leases, permissions, reconcile, visibility
-from runs.journal import EFFECTS_METADATA_KEY
+from runs.journal import EFFECTS_METADATA_KEY, json_safe
 from runs.models import (
     AgentRun,
     EffectsChoice,
@@ -113,10 +113,6 @@ def effect_key(*, intent: str, tool: str, business_key: Any) -> str:
     """Never the model's whole arguments, never its call id: those change when the run is done again."""
     canonical = json.dumps([intent, tool, business_key], sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def json_safe(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
 
 
 # --- The record, claimed before the tool acts ------------------------------------------------------
@@ -405,10 +401,20 @@ class EffectsPlugin(BasePlugin):
         if rejected or call_id in (tool_context.actions.requested_tool_confirmations or {}):
             await sync_to_async(release_effect)(key=key, run_id=self.run.run_id, call_id=call_id, lease=self.run.lease)
             return None
+        if self._stored_here(tool_context):
+            # Marked done by the journal with the response event that carries this result, in
+            # its transaction (`runs.journal`): no write of its own, and never done without it.
+            return None
         await sync_to_async(finish_effect)(
             key=key, run_id=self.run.run_id, call_id=call_id, result=result, lease=self.run.lease
         )
         return None
+
+    def _stored_here(self, tool_context) -> bool:
+        """Whether the call's response event goes to the run's own session, which the executor
+        keeps in the ledger's store (not, say, to the in-memory session of an agent wrapped by an
+        `AgentTool`: the journal never sees that one)."""
+        return tool_context.invocation_id == self.run.invocation_id and tool_context.session.id == self.run.session_id
 
     async def on_tool_error_callback(self, *, tool, tool_args, tool_context, error):
         call_id = tool_context.function_call_id or ""
