@@ -421,6 +421,27 @@ class SessionStore(DatabaseSessionService):
 
         return await greenlet_spawn(checked_out)
 
+    @property
+    def dialect(self) -> str:
+        """The database the store writes to ("postgresql", "sqlite", …)."""
+        return self._dialect
+
+    async def on_own_connection(self, work: Callable[[Connection], T], *, autocommit: bool = False) -> T:
+        """Run `work` on one of the store's own connections, on the running loop: no hop to a
+        thread, and statements psycopg prepares after their first few runs on that connection.
+
+        `autocommit`: each statement commits by itself (one round trip for a one-statement
+        write); otherwise `work` opens its own transaction (`conn.begin()`). For writes that
+        belong beside the events, such as the ledger's effect records.
+        """
+        if not autocommit:
+            return await self._in_one_greenlet(work)
+
+        def autocommitted(conn: Connection) -> T:
+            return work(conn.execution_options(isolation_level="AUTOCOMMIT"))
+
+        return await self._in_one_greenlet(autocommitted)
+
     async def _once_more_on_disconnect(self, operation: Callable[[], Awaitable[T]], *, what: str) -> T:
         """Run an idempotent `operation`, again on a fresh connection if the first one was dead."""
         try:

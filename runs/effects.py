@@ -35,6 +35,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from google.adk.plugins.base_plugin import BasePlugin
 
+from agents.adk import session_service
 from agents.effects import IDEMPOTENT, KeyArgumentMissing, effect_of_call_name, effect_of_tool, tool_name
 from config.lib.refusals import required_text
 from config.lib.text import hidden_character
@@ -109,6 +110,14 @@ def intent_id(run: AgentRun) -> str:
     return f"run:{current.run_id}"
 
 
+def root_intent_id(run: AgentRun) -> str | None:
+    """`intent_id` of a run that replays, resumes and answers nothing (read from the row already
+    loaded, no query), or None when the chain or the webhook must be read."""
+    if run.replay_of_id is None and run.resume_of_id is None and run.webhook_event_id is None:
+        return f"run:{run.run_id}"
+    return None
+
+
 def effect_key(*, intent: str, tool: str, business_key: Any) -> str:
     """Never the model's whole arguments, never its call id: those change when the run is done again."""
     canonical = json.dumps([intent, tool, business_key], sort_keys=True, separators=(",", ":"), default=str)
@@ -132,6 +141,21 @@ def _describe_key(effect: ToolEffect) -> str:
     return f"{effect.tool_name} for {json.dumps(effect.business_key, ensure_ascii=False)}"
 
 
+def new_record(
+    *, run_id: uuid.UUID, call_id: str, intent: str, tool: str, business_key: Any, stable_fields: dict
+) -> dict[str, Any]:
+    """The fields of a call's fresh effect record (`started`, now)."""
+    return {
+        "intent_id": intent[:320],
+        "tool_name": tool,
+        "business_key": business_key,
+        "stable_fields": stable_fields,
+        "first_run_id": run_id,
+        "first_call_id": call_id,
+        "started_at": timezone.now(),
+    }
+
+
 def claim_effect(
     *,
     run_id: uuid.UUID,
@@ -148,16 +172,10 @@ def claim_effect(
     an effect for it.
     """
     key = effect_key(intent=intent, tool=tool, business_key=business_key)
-    now = timezone.now()
-    record = {
-        "intent_id": intent[:320],
-        "tool_name": tool,
-        "business_key": business_key,
-        "stable_fields": stable_fields,
-        "first_run_id": run_id,
-        "first_call_id": call_id,
-        "started_at": now,
-    }
+    record = new_record(
+        run_id=run_id, call_id=call_id, intent=intent, tool=tool, business_key=business_key, stable_fields=stable_fields
+    )
+    now = record["started_at"]
     if connection.vendor == "postgresql" and _claim_new_key(key=key, record=record, lease=lease):
         return Claim("run", key)
     # A key with a record already (a repeat, a replay), or SQLite: read the record and decide.
@@ -218,6 +236,35 @@ def _claim_new_key(*, key: str, record: dict[str, Any], lease: uuid.UUID | None)
     record was written; False when the key had one (the caller reads it); refused when the
     lease no longer holds the run.
     """
+    sql, params = _new_key_claim(key=key, record=record, lease=lease)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        held_rows, claimed_rows = cursor.fetchone()
+    return _new_key_claimed(record=record, held_rows=held_rows, claimed_rows=claimed_rows)
+
+
+async def claim_new_key_on(store: Any, *, key: str, record: dict[str, Any], lease: uuid.UUID | None) -> bool:
+    """`_claim_new_key` on the agent loop's own connection to the same database (the session
+    store's, `on_own_connection`): no hop to the ORM thread, and a statement psycopg prepares
+    instead of one Django sends as text to be parsed anew each time. Committed when it returns.
+    """
+    sql, params = _new_key_claim(key=key, record=record, lease=lease)
+
+    def claim(conn) -> tuple[int, int]:
+        return tuple(conn.exec_driver_sql(sql, tuple(params)).one())
+
+    held_rows, claimed_rows = await store.on_own_connection(claim, autocommit=True)
+    return _new_key_claimed(record=record, held_rows=held_rows, claimed_rows=claimed_rows)
+
+
+def _new_key_claimed(*, record: dict[str, Any], held_rows: int, claimed_rows: int) -> bool:
+    if not held_rows:
+        raise leases.refuse(run_id=record["first_run_id"], what="an effect record")
+    return claimed_rows == 1
+
+
+def _new_key_claim(*, key: str, record: dict[str, Any], lease: uuid.UUID | None) -> tuple[str, list]:
+    """The one statement of `_claim_new_key` and its parameters (compiled by Django, sent by either)."""
     effect = ToolEffect._meta
     run_id, call_id = record["first_run_id"], record["first_call_id"]
     values = {"key": key, "status": EffectStatus.STARTED, "error": "", **record}
@@ -239,12 +286,7 @@ def _claim_new_key(*, key: str, record: dict[str, Any], lease: uuid.UUID | None)
         "WHERE run_id = %s AND call_id = %s AND EXISTS (SELECT 1 FROM claimed) RETURNING 1) "
         "SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM claimed)"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*held_params, *params, key, run_pk, call_id])
-        held_rows, claimed_rows = cursor.fetchone()
-    if not held_rows:
-        raise leases.refuse(run_id=run_id, what="an effect record")
-    return claimed_rows == 1
+    return sql, [*held_params, *params, key, run_pk, call_id]
 
 
 def _owned_started(*, key: str, run_id: uuid.UUID, call_id: str, lease: uuid.UUID | None):
@@ -366,6 +408,20 @@ class EffectsPlugin(BasePlugin):
         except KeyArgumentMissing:
             return None  # the tool itself refuses a call without its arguments
         stable_fields = json_safe(effect.stable_fields(tool_args or {}))
+
+        intent = self._intent or root_intent_id(self.run)
+        store = session_service() if intent is not None and connection.vendor == "postgresql" else None
+        if store is not None and store.dialect == "postgresql":
+            # The common claim (a key never seen) on the loop's own connection; a key with a
+            # record already (a repeat, a replay) is read and decided on the ORM thread, below.
+            key = effect_key(intent=intent, tool=tool.name, business_key=business_key)
+            record = new_record(
+                run_id=self.run.run_id, call_id=call_id, intent=intent, tool=tool.name,
+                business_key=business_key, stable_fields=stable_fields,
+            )
+            if await claim_new_key_on(store, key=key, record=record, lease=self.run.lease):
+                self._owned[call_id] = key
+                return None
 
         def claim_it():
             # The run's intent is worked out in the same hop to the ORM thread as the claim.
