@@ -97,7 +97,8 @@ _ANSWER_CALL = text(
     # A call answered from its effect record (or refused by it) keeps saying so.
     "UPDATE tool_calls SET status = CASE WHEN status IN ('deduplicated', 'refused') THEN status ELSE :status END, "
     "answered_at = :answered_at, response_summary = :summary "
-    "WHERE run_id = :run_id AND call_id = :call_id"
+    "WHERE run_id = :run_id AND call_id = :call_id "
+    "RETURNING effect_key"
 )
 
 
@@ -203,7 +204,7 @@ def _journal_with_the_event(mapper, connection, target: StorageEvent) -> None:
         return  # written by the event's own statement (AnswersRider)
     for answer in answers:
         answered_at = _db_value("answered_at", answer["answered_at"])
-        connection.execute(
+        effect_key = connection.execute(
             _ANSWER_CALL,
             {
                 "run_id": run_value,
@@ -212,8 +213,9 @@ def _journal_with_the_event(mapper, connection, target: StorageEvent) -> None:
                 "answered_at": answered_at,
                 "summary": answer["summary"],
             },
-        )
-        if answer["status"] == ToolCallStatus.ANSWERED:
+        ).scalar()
+        # Only a call that claimed an effect record pays for finishing one.
+        if effect_key and answer["status"] == ToolCallStatus.ANSWERED:
             connection.execute(
                 _FINISH_EFFECT,
                 {
