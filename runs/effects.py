@@ -263,30 +263,56 @@ def _new_key_claimed(*, record: dict[str, Any], held_rows: int, claimed_rows: in
     return claimed_rows == 1
 
 
+# Stand-ins the statement is compiled with once; each claim puts its own values in their places.
+_RUN_STAND_IN = uuid.UUID(int=1)
+_LEASE_STAND_IN = uuid.UUID(int=2)
+_CLAIM_FIELDS = ("key", "status", "error", "intent_id", "tool_name", "business_key", "stable_fields",
+                 "first_run_id", "first_call_id", "started_at")
+_compiled_claims: dict[tuple[str, bool], tuple[str, tuple]] = {}
+
+
+def _compiled_claim(*, fenced: bool) -> tuple[str, tuple]:
+    """The claim's SQL and the fence's parameters with stand-ins, compiled by Django once per process."""
+    cache_key = (connection.alias, fenced)
+    built = _compiled_claims.get(cache_key)
+    if built is not None:
+        return built
+    effect = ToolEffect._meta
+    columns = [effect.get_field(name).column for name in _CLAIM_FIELDS]
+    if not fenced:
+        held, held_params = "SELECT 1", ()  # a run executed outside the ledger's claim: nothing to fence
+    else:
+        # The fence's one definition (`leases.held`), with `leases.hold`'s lock; Django refuses to
+        # compile select_for_update() outside a transaction, and this statement is its own.
+        query = leases.held(run_id=_RUN_STAND_IN, lease=_LEASE_STAND_IN).order_by().values("pk").query
+        held, held_params = query.sql_with_params()
+        held += " FOR NO KEY UPDATE"
+    sql = (
+        f"WITH held AS ({held}), "
+        f"claimed AS (INSERT INTO {effect.db_table} ({', '.join(columns)}) "
+        f"SELECT {', '.join(['%s'] * len(columns))} FROM held ON CONFLICT (key) DO NOTHING RETURNING 1), "
+        f"journaled AS (UPDATE {ToolCall._meta.db_table} SET effect_key = %s "
+        "WHERE run_id = %s AND call_id = %s AND EXISTS (SELECT 1 FROM claimed) RETURNING 1) "
+        "SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM claimed)"
+    )
+    built = _compiled_claims[cache_key] = (sql, tuple(held_params))
+    return built
+
+
 def _new_key_claim(*, key: str, record: dict[str, Any], lease: uuid.UUID | None) -> tuple[str, list]:
     """The one statement of `_claim_new_key` and its parameters (compiled by Django, sent by either)."""
     effect = ToolEffect._meta
     run_id, call_id = record["first_run_id"], record["first_call_id"]
     values = {"key": key, "status": EffectStatus.STARTED, "error": "", **record}
-    columns = [effect.get_field(name).column for name in values]
-    params = [effect.get_field(name).get_db_prep_save(value, connection) for name, value in values.items()]
+    params = [effect.get_field(name).get_db_prep_save(values[name], connection) for name in _CLAIM_FIELDS]
     run_pk = AgentRun._meta.pk.get_db_prep_save(run_id, connection)
-    if lease is None:
-        held, held_params = "SELECT 1", ()  # a run executed outside the ledger's claim: nothing to fence
-    else:
-        # The fence's one definition (`leases.held`), with `leases.hold`'s lock; Django refuses to
-        # compile select_for_update() outside a transaction, and this statement is its own.
-        held, held_params = leases.held(run_id=run_id, lease=lease).order_by().values("pk").query.sql_with_params()
-        held += " FOR NO KEY UPDATE"
-    sql = (
-        f"WITH held AS ({held}), "
-        f"claimed AS (INSERT INTO {effect.db_table} ({', '.join(columns)}) "
-        f"SELECT {', '.join(['%s'] * len(params))} FROM held ON CONFLICT (key) DO NOTHING RETURNING 1), "
-        f"journaled AS (UPDATE {ToolCall._meta.db_table} SET effect_key = %s "
-        "WHERE run_id = %s AND call_id = %s AND EXISTS (SELECT 1 FROM claimed) RETURNING 1) "
-        "SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM claimed)"
-    )
-    return sql, [*held_params, *params, key, run_pk, call_id]
+    sql, held_params = _compiled_claim(fenced=lease is not None)
+    stand_ins = {
+        _RUN_STAND_IN: run_pk,
+        _LEASE_STAND_IN: AgentRun._meta.get_field("lease").get_db_prep_save(lease, connection),
+    }
+    held_values = [stand_ins.get(value, value) for value in held_params]
+    return sql, [*held_values, *params, key, run_pk, call_id]
 
 
 def _owned_started(*, key: str, run_id: uuid.UUID, call_id: str, lease: uuid.UUID | None):
