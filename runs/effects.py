@@ -34,6 +34,7 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import connection, transaction
 from django.utils import timezone
 from google.adk.plugins.base_plugin import BasePlugin
+from sqlalchemy.exc import DBAPIError
 
 from agents.adk import session_service
 from agents.effects import IDEMPOTENT, KeyArgumentMissing, effect_of_call_name, effect_of_tool, tool_name
@@ -165,11 +166,13 @@ def claim_effect(
     business_key: Any,
     stable_fields: dict,
     lease: uuid.UUID | None = None,
+    own_claim_may_exist: bool = False,
 ) -> Claim:
     """Write the record `started`, or say why the call must not run; committed when this returns.
 
     Only while `lease` holds the run (`runs.leases`): a worker that lost its run never starts
-    an effect for it.
+    an effect for it. `own_claim_may_exist`: this call's claim was sent on a connection that broke
+    before it answered, so a `started` record of this run and call is that claim, not a doubt.
     """
     key = effect_key(intent=intent, tool=tool, business_key=business_key)
     record = new_record(
@@ -209,6 +212,13 @@ def claim_effect(
             journal.update(effect_key=key, status=ToolCallStatus.DEDUPLICATED)
             result = effect.result if isinstance(effect.result, dict) else {"result": effect.result}
             return Claim("served", key, result=result)
+        if own_claim_may_exist and effect.status == EffectStatus.STARTED and (
+            (effect.first_run_id, effect.first_call_id) == (run_id, call_id)
+        ):
+            # This very call's own claim, committed by an attempt whose answer was lost with its
+            # connection (a call id is unique in its run): it is this call's record.
+            journal.update(effect_key=key)
+            return Claim("run", key)
         in_flight = AgentRun.objects.filter(pk=effect.first_run_id, status__in=["queued", "running"]).exists()
         message = (
             f"{_describe_key(effect)} was started by run {effect.first_run_id} (call {effect.first_call_id}) "
@@ -435,6 +445,7 @@ class EffectsPlugin(BasePlugin):
             return None  # the tool itself refuses a call without its arguments
         stable_fields = json_safe(effect.stable_fields(tool_args or {}))
 
+        own_claim_may_exist = False
         intent = self._intent or root_intent_id(self.run)
         store = session_service() if intent is not None and connection.vendor == "postgresql" else None
         if store is not None and store.dialect == "postgresql":
@@ -445,9 +456,18 @@ class EffectsPlugin(BasePlugin):
                 run_id=self.run.run_id, call_id=call_id, intent=intent, tool=tool.name,
                 business_key=business_key, stable_fields=stable_fields,
             )
-            if await claim_new_key_on(store, key=key, record=record, lease=self.run.lease):
-                self._owned[call_id] = key
-                return None
+            try:
+                if await claim_new_key_on(store, key=key, record=record, lease=self.run.lease):
+                    self._owned[call_id] = key
+                    return None
+            except DBAPIError as exc:
+                if not exc.connection_invalidated:
+                    raise
+                # The connection broke (idle in the pool, or mid-statement): whether the claim
+                # committed is read below, where this call's own record counts as its claim.
+                logger.warning("Run %s: the effect claim's connection broke (%s); deciding on the ORM thread",
+                               self.run.run_id, exc.orig)
+                own_claim_may_exist = True
 
         def claim_it():
             # The run's intent is worked out in the same hop to the ORM thread as the claim.
@@ -459,6 +479,7 @@ class EffectsPlugin(BasePlugin):
                 business_key=business_key,
                 stable_fields=stable_fields,
                 lease=self.run.lease,
+                own_claim_may_exist=own_claim_may_exist,
             )
 
         claim = await sync_to_async(claim_it)()
