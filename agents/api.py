@@ -65,7 +65,7 @@ class WorkflowWriteSerializer(StrictSerializer):
         schema={"pattern": r"^[A-Za-z][A-Za-z0-9_]*$", "maxLength": workflows.MAX_NAME_CHARS},
     )
     description = StrictCharField(required=False, default="", allow_blank=True)
-    graph = GraphField(help_text='{"steps": {...}, "chains": [["START", ...]]}; see the README.')
+    graph = GraphField(help_text='{"steps": {...}, "chains": [["START", ...]]}; see docs/agents.md#workflows.')
 
 
 @extend_schema_view(

@@ -135,6 +135,11 @@ class AgentSpec:
     def tool_errors(self) -> list[str]:
         return [error for node in self.tree.walk() for error in node.tool_errors] if self.tree else []
 
+    @property
+    def public_tool_errors(self) -> list[str]:
+        """The tool errors as people who may not configure agents read them: what the logs say too."""
+        return [error for node in self.tree.walk() for error in node.public_tool_errors] if self.tree else []
+
 
 # --- Describing an agent tree -------------------------------------------------------------------
 
@@ -217,7 +222,7 @@ def list_mcp_tools(toolset: Any, *, timeout: float) -> list[ToolInfo]:
             try:
                 await asyncio.wait_for(probe.close(), timeout=5)
             except Exception:  # noqa: BLE001 - a server that will not close is not the agent's error
-                logger.warning("The MCP server %s did not close cleanly after listing its tools", command)
+                logger.warning("The MCP server %s did not close cleanly after listing its tools", public)
         infos = []
         for tool in tools:
             annotations = getattr(getattr(tool, "raw_mcp_tool", None), "annotations", None)
@@ -439,7 +444,9 @@ def load_agents(directories: Iterable[str | Path]) -> dict[str, AgentSpec]:
     for spec in specs.values():
         if spec.load_error:
             logger.error("Agent %s (%s) could not be loaded: %s", spec.name, spec.path, spec.load_error)
-        for error in spec.tool_errors:
+        # Logs travel further than the admin: an MCP server's URL (a user and password, a token in
+        # its path or query) or command line (an --api-key) is logged as the public form.
+        for error in spec.public_tool_errors:
             logger.error("Agent %s: %s", spec.name, error)
     return specs
 

@@ -1,7 +1,7 @@
 """The model-call boundary: what the provider may answer, and what each answer does to the run.
 
 `RetryingLlm` wraps every agent's model. Every answer of one model call is judged against
-`ANSWERS` (below, and in the README) before anything of it reaches ADK:
+`ANSWERS` (below, and in docs/runs.md) before anything of it reaches ADK:
 
 - an answer the agent can use is handed on;
 - an answer that another try could change (an empty turn, a stop without content, a 429, a 5xx,
@@ -52,7 +52,7 @@ EMPTY_TURN = "empty_turn"
 # executor says it as `empty_turn`, with the retries made.
 NO_CONTENT = "MODEL_RETURNED_NO_CONTENT"
 
-# The budgets a retry spends (each a setting, README's configuration table).
+# The budgets a retry spends (each a setting, docs/configuration.md).
 BAD_TURN, RATE_LIMITED, PROVIDER_FAULT, NOT_RETRIED = "bad_turn", "rate_limited", "provider_fault", "never"
 
 
@@ -61,7 +61,7 @@ class Answer:
     """One row of the table: a kind of answer, whether it is asked again, and the run's outcome."""
 
     kind: str  # also the `reason` of a retry in `model_retries` and the metrics
-    said: str  # what the provider answered, as the README's table says it
+    said: str  # what the provider answered, as docs/runs.md's table says it
     budget: str
     code: str  # the run's error_code once retrying stops
     advice: str  # what a person can do about it

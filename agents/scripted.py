@@ -1,11 +1,16 @@
 """The offline `scripted` model: a real ADK BaseLlm that plays a script, one step per call.
 
-Steps (see the README for the whole format):
+Steps (docs/agents.md, "The demo agent and the offline scripted model", has the whole format):
   {"call": "send_email", "args": {...}}        answer with that function call
   [{"call": ...}, {"call": ...}]               parallel calls in one turn
   {"say": "text"}                              final text
+  {"say": "text", "if_rejected": "other"}      "other" instead when the call just answered was rejected
+                                               by a person (or the approval timeout): the model takes
+                                               the answer into account
   {"fail": "rate_limit"}                       the 429 Gemini raises (ClientError, code 429)
   {"fail": "error", "message": "..."}          an error with that message
+  {"fail": ..., "once": true}                  a transient failure: only the first run of its chain
+                                               fails there; its replays and resumes play on
   {"empty": true}                              an empty turn
   {"call": "transfer_to_agent", "args": {"agent_name": "billing"}}   hand over to another agent
 
@@ -55,6 +60,11 @@ MAX_SCRIPT_STEPS = 500
 MAX_CALL_ID_CHARS = 128
 # Where each answer sits in its script, stored in its event's custom_metadata.
 SCRIPT_STEP_KEY = "scripted_step"
+# ADK's answer to a call a person rejected (google.adk.tools._confirmation_utils).
+REJECTED_ANSWER = {"error": "This tool call is rejected."}
+# What a transient (`"once": true`) failure step becomes in a replay or resume: a step played as
+# nothing (the model goes on to the next one). Internal: a script cannot contain it.
+SPENT_STEP = {"spent": True}
 
 
 class ScriptError(ValueError):
@@ -176,14 +186,18 @@ def validate_script(
         if "call" in step:
             _validate_call(step, where, tool_names, faults_enabled, transfer_targets)
         elif "say" in step:
-            if set(step) != {"say"} or not isinstance(step["say"], str):
-                raise ScriptError(f"{where}: a say step is {{\"say\": \"text\"}}.")
+            if set(step) - {"say", "if_rejected"} or not all(isinstance(step[key], str) for key in step):
+                raise ScriptError(
+                    f"{where}: a say step is {{\"say\": \"text\"}}, optionally with \"if_rejected\": \"text\"."
+                )
         elif "fail" in step:
+            if "once" in step and step["once"] is not True:
+                raise ScriptError(f"{where}: \"once\" is true or absent.")
             if step["fail"] == "rate_limit":
-                if set(step) - {"fail", "retry_delay"}:
+                if set(step) - {"fail", "retry_delay", "once"}:
                     raise ScriptError(f"{where}: a rate-limit step is {{\"fail\": \"rate_limit\"}}.")
             elif step["fail"] == "error":
-                if set(step) - {"fail", "message"} or not isinstance(step.get("message", ""), str):
+                if set(step) - {"fail", "message", "once"} or not isinstance(step.get("message", ""), str):
                     raise ScriptError(
                         f"{where}: an error step is {{\"fail\": \"error\", \"message\": \"...\"}}."
                     )
@@ -269,6 +283,35 @@ def resume_position(turns: Iterable[dict], *, not_done: Collection[str], id_suff
     return ScriptPosition(start=start, again=tuple(again), id_suffix=id_suffix)
 
 
+def transient_failures_spent(params: dict) -> dict:
+    """`params` for a replay or resume: each `"once": true` failure of its scripts is spent (played as
+    nothing), the step indices unchanged so a resume's recorded positions still point right."""
+
+    def spent(script: Any) -> Any:
+        if not isinstance(script, list):
+            return script
+        return [SPENT_STEP if isinstance(step, dict) and "fail" in step and step.get("once") is True else step
+                for step in script]
+
+    if not isinstance(params, dict):
+        return params
+    changed = dict(params)
+    if "script" in changed:
+        changed["script"] = spent(changed["script"])
+    if isinstance(changed.get("scripts"), dict):
+        changed["scripts"] = {name: spent(script) for name, script in changed["scripts"].items()}
+    return changed
+
+
+def answered_rejected(llm_request: LlmRequest) -> bool:
+    """Whether the newest function answers the model receives include a person's rejection."""
+    for content in reversed(llm_request.contents or []):
+        answers = [part.function_response for part in content.parts or [] if part.function_response]
+        if answers:
+            return any(answer.response == REJECTED_ANSWER for answer in answers)
+    return False
+
+
 def _without_faults(call: dict) -> dict:
     return {key: value for key, value in call.items() if key not in FAULT_KEYS}
 
@@ -312,6 +355,9 @@ class ScriptedLlm(BaseLlm):
                 return picked, {"step": index, "calls": list(positions)}, self.position.id_suffix
         index = self._cursor
         self._cursor += 1
+        while index < len(self.script) and self.script[index] == SPENT_STEP:
+            index = self._cursor
+            self._cursor += 1
         if index >= len(self.script):
             return {"say": SCRIPT_EXHAUSTED_TEXT}, {"step": index}, ""
         step = self.script[index]
@@ -348,7 +394,8 @@ class ScriptedLlm(BaseLlm):
         elif "call" in step:
             parts = [self._call_part(step, id_suffix)]
         elif "say" in step:
-            parts = [types.Part(text=step["say"])]
+            text = step["if_rejected"] if "if_rejected" in step and answered_rejected(llm_request) else step["say"]
+            parts = [types.Part(text=text)]
         elif step.get("fail") == "rate_limit":
             raise rate_limit_error(step.get("retry_delay"))
         elif step.get("fail") == "error":

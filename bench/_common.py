@@ -12,6 +12,8 @@ import json
 import os
 import platform
 import re
+import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -22,6 +24,49 @@ BENCH_DIR = Path(__file__).resolve().parent
 PROJECT_DIR = BENCH_DIR.parent
 # The smoke run writes elsewhere: its tiny sizes must not replace the real figures.
 RESULTS_DIR = Path(os.environ.get("BENCH_RESULTS_DIR") or BENCH_DIR / "results")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def configure_server_env(var_dir: Path, **extra: str) -> dict[str, str]:
+    """The production-like environment a benchmark's server runs in (DEBUG off, mail kept in memory,
+    quiet logs), set on this process too, so that the processes it starts inherit it."""
+    env = {
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "VAR_DIR": str(var_dir),
+        "EMAIL_BACKEND": "django.core.mail.backends.locmem.EmailBackend",
+        "LOG_LEVEL": "WARNING",
+        "DEBUG": "false",
+        **extra,
+    }
+    os.environ.update(env)
+    return env
+
+
+def start_runworker(**env: str) -> subprocess.Popen:
+    """`manage.py runworker` in its own process group, with this environment and `env` on top."""
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "runworker"], cwd=PROJECT_DIR, env=dict(os.environ, **env),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+
+
+def stop_runworker(process: subprocess.Popen, *, drain_seconds: float = 60) -> None:
+    """SIGTERM (it drains its runs), then whatever is left of its process group is killed."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=drain_seconds)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
 
 
 def percentile(values: list[float], q: float) -> float:

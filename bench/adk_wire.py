@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,33 +31,13 @@ from pathlib import Path
 
 from _benchdb import ROOT as BASE_DIR
 from _benchdb import bench_database
-from _common import interleaved, percentile, row, save_results
+from _common import configure_server_env, free_port, interleaved, percentile, row, save_results
 
 SCRIPT = [
     {"call": "lookup_customer", "args": {"email": "jane@example.com"}},
     {"say": "Jane is a customer on the pro plan."},
 ]
 POLL_SECONDS = 0.02
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def configure(var_dir: Path) -> dict[str, str]:
-    env = {
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "VAR_DIR": str(var_dir),
-        "EMAIL_BACKEND": "django.core.mail.backends.locmem.EmailBackend",
-        "LOG_LEVEL": "WARNING",
-        "DEBUG": "false",
-        "Q_POLL_SECONDS": "0.05",
-        "RUN_POLL_SECONDS": "0.05",
-    }
-    os.environ.update(env)
-    return env
 
 
 # --- ADK's own API server, the peer ------------------------------------------------------------------
@@ -212,7 +191,7 @@ def main() -> None:
         parser.error("--turns and --block must be positive, --warmup not negative")
 
     with tempfile.TemporaryDirectory(prefix="adk-wire-") as tmp, bench_database("adkwire") as database:
-        env = configure(Path(tmp))
+        env = configure_server_env(Path(tmp), Q_POLL_SECONDS="0.05", RUN_POLL_SECONDS="0.05")
         import httpx
         from django.contrib.auth import get_user_model
         from django.contrib.auth.models import Permission

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import tempfile
@@ -25,30 +24,12 @@ from pathlib import Path
 
 from _benchdb import ROOT as BASE_DIR
 from _benchdb import bench_database
-from _common import percentile, row, save_results
+from _common import configure_server_env, free_port, percentile, row, save_results
 
 SCRIPT = [
     {"call": "lookup_customer", "args": {"email": "jane@example.com"}},
     {"say": "Jane is a customer on the pro plan."},
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def configure(var_dir: Path) -> dict[str, str]:
-    env = {
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "VAR_DIR": str(var_dir),
-        "EMAIL_BACKEND": "django.core.mail.backends.locmem.EmailBackend",
-        "LOG_LEVEL": "WARNING",
-        "DEBUG": "false",
-    }
-    os.environ.update(env)
-    return env
 
 
 def server_turn(url: str, token: str) -> tuple[float, float]:
@@ -113,7 +94,7 @@ def main() -> None:
         parser.error("--turns must be positive, --warmup not negative")
 
     with tempfile.TemporaryDirectory(prefix="chat-ttfe-") as tmp, bench_database("chat"):
-        env = configure(Path(tmp))
+        env = configure_server_env(Path(tmp))
         from django.contrib.auth import get_user_model
         from django.contrib.auth.models import Permission
         from django.db import connection

@@ -22,14 +22,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
-import subprocess
-import sys
 import time
 
 from _benchdb import bench_database
-from _common import PROJECT_DIR, print_table, row, save_results, summary
+from _common import print_table, row, save_results, start_runworker, stop_runworker, summary
 
 NO_OP = [{"say": "ok"}]
 
@@ -48,27 +45,6 @@ def parse_args() -> argparse.Namespace:
     if args.runs < 1 or args.latency_runs < 1 or not args.process_counts or min(args.process_counts) < 1:
         parser.error("--runs, --latency-runs and every process count must be positive")
     return args
-
-
-def start_workers(processes: int, **env: str) -> subprocess.Popen:
-    environment = dict(os.environ, RUN_WORKER_PROCESSES=str(processes), LOG_LEVEL="WARNING", **env)
-    return subprocess.Popen(
-        [sys.executable, "manage.py", "runworker"], cwd=PROJECT_DIR, env=environment,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-
-
-def stop_workers(process: subprocess.Popen) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait()
 
 
 def activity() -> tuple[int, float]:
@@ -120,7 +96,7 @@ def backlog(count: int) -> list:
 def rate_pass(processes: int, count: int) -> dict:
     from runs.models import AgentRun, RunStatus
 
-    workers = start_workers(processes)
+    workers = start_runworker(RUN_WORKER_PROCESSES=str(processes), LOG_LEVEL="WARNING")
     try:
         wait_idle_workers(processes)
         _settled(backlog(min(20, count)), timeout=300)  # imports, pools and tables warm
@@ -131,7 +107,7 @@ def rate_pass(processes: int, count: int) -> dict:
         wall = time.monotonic() - began
         sessions_after, active_after = activity()
     finally:
-        stop_workers(workers)
+        stop_runworker(workers)
     failed = AgentRun.objects.filter(pk__in=ids).exclude(status=RunStatus.SUCCESS).count()
     if failed:
         raise SystemExit(f"{failed} run(s) did not succeed; the benchmark is void")
@@ -146,7 +122,7 @@ def latency_pass(count: int, **env: str) -> dict:
     from runs import services
     from runs.models import AgentRun
 
-    workers = start_workers(1, **env)
+    workers = start_runworker(RUN_WORKER_PROCESSES="1", LOG_LEVEL="WARNING", **env)
     try:
         if env.get("RUN_LISTEN") == "false":
             time.sleep(5)  # no lock to wait for: the process is up after Django's start
@@ -160,7 +136,7 @@ def latency_pass(count: int, **env: str) -> dict:
             _settled([ids[-1]], timeout=120)
             time.sleep(0.05)
     finally:
-        stop_workers(workers)
+        stop_runworker(workers)
     waits = [(started - created).total_seconds() * 1000
              for created, started in AgentRun.objects.filter(pk__in=ids).values_list("created_at", "started_at")]
     return {"runs": count, "ms": summary(waits), "mean_ms": statistics.fmean(waits)}

@@ -37,8 +37,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -46,7 +44,7 @@ import uuid
 from pathlib import Path
 
 from _benchdb import bench_database
-from _common import PROJECT_DIR, print_table, row, save_results, summary
+from _common import PROJECT_DIR, print_table, row, save_results, start_runworker, stop_runworker, summary
 
 TOOLS = ("lookup_customer", "send_email", "update_crm")
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -197,28 +195,6 @@ def database_activity() -> tuple[int, float]:
     return int(sessions), float(active)
 
 
-def start_cluster(**env: str) -> subprocess.Popen:
-    """`manage.py runworker` (RUN_WORKER_PROCESSES processes unless `env` says otherwise)."""
-    environment = dict(os.environ, **env)
-    return subprocess.Popen(
-        [sys.executable, "manage.py", "runworker"], cwd=PROJECT_DIR, env=environment,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-
-
-def stop_cluster(cluster: subprocess.Popen) -> None:
-    cluster.send_signal(signal.SIGTERM)
-    try:
-        cluster.wait(timeout=90)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(cluster.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    cluster.wait()
-
-
 def _start_runs(count: int, latency: float) -> list:
     from django.db import transaction
 
@@ -240,7 +216,7 @@ def cluster_pass(*, count: int, latency: float, warmup: int, **env: str) -> dict
 
     from runs.models import AgentRun, RunStatus
 
-    cluster = start_cluster(**env)
+    cluster = start_runworker(**env)
     try:
         if warmup:
             ids = [r.run_id for r in _start_runs(warmup, 0)]
@@ -276,7 +252,7 @@ def cluster_pass(*, count: int, latency: float, warmup: int, **env: str) -> dict
         machine_after = _machine_cpu()
         sessions_after, active_after = database_activity()
     finally:
-        stop_cluster(cluster)
+        stop_runworker(cluster, drain_seconds=90)
     runs = list(AgentRun.objects.filter(pk__in=ids).values("status", "created_at", "started_at", "finished_at"))
     failed = [r for r in runs if r["status"] != RunStatus.SUCCESS]
     if failed:

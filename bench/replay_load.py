@@ -3,7 +3,7 @@
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres python bench/replay_load.py \\
         [--runs 1000] [--clients 50] [--seconds 30] [--workers 4] [--replay-share 0.5]
 
-A live server in the production setup the README documents (uvicorn, ASGI, several worker
+A live server in the production setup docs/scale.md documents (uvicorn, ASGI, several worker
 processes) on its own PostgreSQL database (agentledger_bench_replay, dropped at the end). It
 holds --runs failed runs created by one user: half with `tools_executed = []` (a replay is
 allowed, once: the next request for the same run finds it in flight), half with tools listed (a
@@ -26,7 +26,6 @@ import os
 import random
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,17 +33,11 @@ import time
 from collections import Counter, defaultdict
 
 from _benchdb import ROOT, bench_database
-from _common import print_table, row, save_results, summary
+from _common import free_port, print_table, row, save_results, summary
 
 os.environ.setdefault("LOG_LEVEL", "WARNING")
 
 TOOLS = (["send_email"], ["lookup_customer", "send_email", "update_crm"])
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def make_runs(count: int) -> tuple[str, list[str], set[str]]:
@@ -56,7 +49,7 @@ def make_runs(count: int) -> tuple[str, list[str], set[str]]:
 
     from runs.models import AgentRun, RunStatus
 
-    # An internal tool's account, as the README's: it acts for its end users.
+    # An internal tool's account, as the manual's (docs/api.md): it acts for its end users.
     user = get_user_model().objects.create_user("bench-tool", password=None)
     user.user_permissions.add(Permission.objects.get(codename="act_for_any_owner"))
     token = Token.objects.create(user=user).key

@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from _benchdb import bench_database
-from _common import row, save_results
+from _common import free_port, row, save_results
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 WORKERS = 4
@@ -102,12 +101,6 @@ def stop(processes: list[subprocess.Popen]) -> None:
             process.wait(timeout=15)
         except subprocess.TimeoutExpired:
             process.kill()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_server(port: int) -> subprocess.Popen:

@@ -1,6 +1,6 @@
 """Agent Ledger settings: one module, every value read from the environment.
 
-The README lists each variable with its default. A bad value raises ImproperlyConfigured
+docs/configuration.md lists each variable with its default. A bad value raises ImproperlyConfigured
 naming the variable, so start-up stops instead of running with a guess.
 """
 
@@ -92,6 +92,8 @@ MIDDLEWARE = [
     # First: nothing below reads a body the limit refuses, or a query string it cannot store.
     "config.lib.limits.body_limit_middleware",
     "config.lib.query_guard.query_guard_middleware",
+    # Before anything reads the Host: the API's answer to an unknown one is JSON, under DEBUG too.
+    "config.lib.host_guard.host_guard_middleware",
     # Around the rest: django-prometheus times every request (its metrics are served at /metrics).
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
@@ -102,6 +104,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "config.lib.csp.csp_middleware",
     "config.lib.errors.APIErrorMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
     # Last, as django-axes asks: it answers for locked-out logins.
@@ -178,7 +181,7 @@ ADK_DB_MAX_OVERFLOW = env_int("ADK_DB_MAX_OVERFLOW", max(2, _RUN_CONCURRENCY_FOR
 ADK_DB_POOL_RECYCLE_SECONDS = env_int("ADK_DB_POOL_RECYCLE_SECONDS", 300, minimum=1)
 # PostgreSQL: an event without function calls commits with synchronous_commit off; a function
 # call's event (its journal row), effect records and the settle always wait for the disk
-# (agents.session_store.commit_may_lag, README "Durability and commits").
+# (agents.session_store.commit_may_lag, docs/scale.md, "Durability and commits").
 EVENT_COMMITS_MAY_LAG = env_bool("EVENT_COMMITS_MAY_LAG", True)
 
 CACHES = {
@@ -196,12 +199,38 @@ AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
-# Failed admin logins: after AXES_FAILURE_LIMIT failures for one username from one address, that
-# pair is locked out for AXES_COOLOFF_HOURS (a success resets the count).
+# The admin's Content-Security-Policy (config/lib/csp.py); `off` sends none.
+_ADMIN_CSP_DEFAULT = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'"
+)
+ADMIN_CONTENT_SECURITY_POLICY = env_str("ADMIN_CONTENT_SECURITY_POLICY", _ADMIN_CSP_DEFAULT)
+if ADMIN_CONTENT_SECURITY_POLICY.lower() in {"off", "none"}:
+    ADMIN_CONTENT_SECURITY_POLICY = ""
+elif any(ord(char) < 0x20 or ord(char) > 0x7E for char in ADMIN_CONTENT_SECURITY_POLICY) or (
+    "-src" not in ADMIN_CONTENT_SECURITY_POLICY and "frame-ancestors" not in ADMIN_CONTENT_SECURITY_POLICY
+):
+    raise ImproperlyConfigured(
+        "ADMIN_CONTENT_SECURITY_POLICY is not a Content-Security-Policy: write directives in printable ASCII "
+        "(e.g. \"default-src 'self'\"), or off for none."
+    )
+
+# Django's two upload handlers, keeping the name a client sent whole (config/lib/uploads.py).
+FILE_UPLOAD_HANDLERS = [
+    "config.lib.uploads.NameKeepingMemoryFileUploadHandler",
+    "config.lib.uploads.NameKeepingTemporaryFileUploadHandler",
+]
+
+# Failed admin logins (config/lib/lockout.py): after AXES_FAILURE_LIMIT failures for one username
+# from one address, or AXES_ADDRESS_FAILURE_LIMIT failures from one address over any usernames (one
+# password sprayed over many accounts), logins from there are locked out for AXES_COOLOFF_HOURS
+# (a success resets the count).
 AXES_ENABLED = env_bool("AXES_ENABLED", True)
-AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5, minimum=1)
+LOGIN_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5, minimum=1)
+LOGIN_ADDRESS_FAILURE_LIMIT = env_int("AXES_ADDRESS_FAILURE_LIMIT", 20, minimum=1)
+AXES_FAILURE_LIMIT = "config.lib.lockout.failure_limit"
 AXES_COOLOFF_TIME = env_float("AXES_COOLOFF_HOURS", 1.0, minimum=0.01)
-AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "ip_address"]
 AXES_RESET_ON_SUCCESS = True
 # The address a lockout is keyed on: REMOTE_ADDR, or behind N trusted proxies the N-th from the
 # right of X-Forwarded-For.
@@ -281,6 +310,8 @@ RUN_STALE_AFTER_SECONDS = env_int("RUN_STALE_AFTER_SECONDS", 60, minimum=1)
 RUN_MAX_SILENCE_HOURS = env_int("RUN_MAX_SILENCE_HOURS", 6, minimum=1)
 # A call that waits for a person (or a long-running tool's result) longer than this is rejected by the system.
 APPROVAL_TIMEOUT_SECONDS = env_int("APPROVAL_TIMEOUT_SECONDS", 259_200, minimum=1)
+# A confirmation stands for a second person: whoever started a run may not approve its calls unless this is true.
+APPROVAL_BY_STARTER_ALLOWED = env_bool("APPROVAL_BY_STARTER_ALLOWED", False)
 RUN_TIMEOUT_SECONDS = env_int("RUN_TIMEOUT_SECONDS", 1800, minimum=1)
 # Runs one worker process keeps in flight on its agent loop (runs.worker); it claims another run
 # from the ledger only when one of these slots is free.
@@ -484,6 +515,8 @@ THROTTLE_RATES = {
     "runs.start": env_rate("THROTTLE_RUNS_START", "120/min"),
     "runs.replay": env_rate("THROTTLE_REPLAYS", "60/min"),
     "chat.turn": env_rate("THROTTLE_CHAT_TURNS", "60/min"),
+    # Failed token authentications per client address (config/lib/auth.py): guessing keys is paced.
+    "auth.failed_token": env_rate("THROTTLE_FAILED_TOKENS", "20/min"),
 }
 # Work in flight per user (runs/quotas.py); 0 lifts a cap.
 MAX_RUNS_IN_FLIGHT_PER_USER = env_int("MAX_RUNS_IN_FLIGHT_PER_USER", 100, minimum=0)
@@ -507,6 +540,8 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "runs.api.chat.add_chat_to_schema",
+        # Any authenticated operation may answer 429 to an address guessing tokens (config/lib/auth.py).
+        "config.lib.auth.add_auth_pacing_to_schema",
     ],
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "runs.models.RunStatus",

@@ -43,6 +43,7 @@ from agents import faults
 from agents.models import AdkEvent
 from agents.scripted import FAULT_KEYS, SCRIPT_STEP_KEY, ScriptPosition, resume_position
 from config.lib.safe_json import UnsafeInput, check_value
+from config.lib.text import hidden_character
 from runs import journal, leases, lifecycle, permissions, visibility
 from runs.models import (
     AgentRun,
@@ -55,6 +56,7 @@ from runs.models import (
 )
 from runs.refusals import (
     AlreadyDecided,
+    NoteHasHiddenCharacters,
     NoteTooLong,
     NotWaitingFor,
     PayloadNotAllowed,
@@ -145,6 +147,13 @@ def park_run(*, run: AgentRun, waits: list[Wait], result: str = "") -> bool:
                     "decided_at": None, "note": "", "by_system": False, "payload": None, "delivered_attempt": None,
                 },
             )
+        # A call asked of a person has not run: ADK answered it with its request, not the tool's answer.
+        asked = [wait.call_id for wait in waits if wait.kind == WaitKind.CONFIRMATION]
+        if asked:
+            ToolCall.objects.filter(run_id=run.run_id, call_id__in=asked).update(
+                status=ToolCallStatus.WAITING, answered_at=None, response_summary="waiting for a person's approval",
+            )
+            AgentRun.objects.filter(pk=run.run_id).update(tools_executed=journal.derive_tools_executed(run))
     logger.info("Run %s waits for %d call(s): %s", run.run_id, len(waits),
                 ", ".join(f"{wait.tool_name} {wait.call_id}" for wait in waits))
     return True
@@ -161,6 +170,9 @@ def _note(value: Any) -> str:
     text = value.strip()
     if len(text) > NOTE_MAX_CHARS:
         raise NoteTooLong(NOTE_MAX_CHARS)
+    # Read by the next person on the run page, as a settle note is: the same rule.
+    if (problem := hidden_character(text)) is not None:
+        raise NoteHasHiddenCharacters(problem)
     return text
 
 
@@ -199,6 +211,16 @@ def _record(pending: PendingCall, *, decision: str, actor: Any, note: str, paylo
                              pending.decided_at.isoformat() if pending.decided_at else "")
     pending.decision, pending.decided_by, pending.decided_at = decision, user, now
     pending.note, pending.payload, pending.by_system = note, payload, by_system
+    if decision == Decision.REJECT:
+        who = "the approval timeout" if by_system else (user.get_username() if user else "a person")
+        _never_ran(run_id=pending.run_id, call_ids=[pending.call_id], why=f"rejected by {who}: not run")
+
+
+def _never_ran(*, run_id: Any, call_ids: list[str], why: str) -> None:
+    """The journal rows of calls a person was asked about and that will never run now."""
+    ToolCall.objects.filter(run_id=run_id, call_id__in=call_ids, status=ToolCallStatus.WAITING).update(
+        status=ToolCallStatus.NOT_RUN, response_summary=why[:500]
+    )
 
 
 def _continue_if_answered(run: AgentRun) -> bool:
@@ -223,6 +245,7 @@ def decide_call(*, run_id: Any, call_id: str, actor: Any, decision: Any, note: A
     payload = _checked_payload(payload)
     with transaction.atomic():
         run, pending = _locked_call(run_id=run_id, call_id=call_id, actor=actor)
+        permissions.check_may_approve(actor=actor, run=run)
         if pending.kind != WaitKind.CONFIRMATION:
             raise WrongAnswerKind(pending.call_id, "its tool's result", "result")
         if payload is not None and decision == Decision.REJECT:
@@ -294,7 +317,10 @@ def expire_waiting(*, now: Any = None) -> int:
 def close_for_cancel(*, run: AgentRun, actor: Any) -> int:
     """The run was cancelled while it waited: its open calls are closed, recorded as such."""
     user = actor if getattr(actor, "is_authenticated", False) else None
-    return PendingCall.objects.filter(run_id=run.run_id, decision="").update(
+    open_calls = PendingCall.objects.filter(run_id=run.run_id, decision="")
+    _never_ran(run_id=run.run_id, call_ids=list(open_calls.values_list("call_id", flat=True)),
+               why="closed unanswered (the run was cancelled): not run")
+    return open_calls.update(
         decision=Decision.CANCELLED, decided_by=user, decided_at=timezone.now(), note="The run was cancelled."
     )
 

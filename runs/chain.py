@@ -80,3 +80,27 @@ def successors(run: AgentRun) -> tuple[Successor, ...]:
         .order_by("-created_at")
         .values_list("run_id", "status", "resume_of_id", "created_at")
     )
+
+
+def descendants(run: AgentRun, *, limit: int = MAX_CHAIN_RUNS) -> tuple[Successor, ...]:
+    """Every run that continues `run`, however far down (a replay of its resume…), newest first.
+
+    Each carries the kind of the link that leaves `run` (its branch's first step), so a chain is
+    judged by how it ended: a root whose resume failed and whose resume's resume succeeded was
+    finished by its resume. One query per level, bounded by `limit`.
+    """
+    found: list[Successor] = []
+    level = {run.run_id: None}
+    while level and len(found) < limit:
+        rows = list(
+            AgentRun.objects.filter(Q(replay_of_id__in=list(level)) | Q(resume_of_id__in=list(level)))
+            .values_list("run_id", "status", "replay_of_id", "resume_of_id", "created_at")[: limit - len(found)]
+        )
+        next_level = {}
+        for run_id, status, replay_of_id, resume_of_id, created_at in rows:
+            parent = resume_of_id if resume_of_id in level else replay_of_id
+            kind = level[parent] or (RESUME if resume_of_id == run.run_id else REPLAY)
+            found.append(Successor(run_id, status, kind, created_at))
+            next_level[run_id] = kind
+        level = next_level
+    return tuple(sorted(found, key=lambda successor: successor.created_at, reverse=True))

@@ -31,14 +31,14 @@ from google.adk.events.event import Event
 from google.adk.runners import Runner
 from google.genai import types
 
-from agents import faults
+from agents import faults, scripted
 from agents.adk import drop_unusable_connection, refresh_orm_thread_connections, run_coroutine, session_service
 from agents.registry import build_agent, build_app, get_agent_spec
 from agents.retrying import RetryLog, current_retry_log
 from agents.workflows import compile_workflow
 from memory.adk import memory_service
 from memory.services import remember_events
-from runs import approvals, leases, lifecycle, outcomes, telemetry
+from runs import approvals, leases, lifecycle, outcomes, owners, telemetry
 from runs.counters import MODEL_RETRIES
 from runs.effects import EffectsPlugin
 from runs.faults import faults_honoured
@@ -46,6 +46,7 @@ from runs.heartbeat import process_heartbeat
 from runs.journal import JournalPlugin
 from runs.models import AgentRun, RunStatus
 from runs.outcomes import Outcome
+from runs.refusals import OwnerNotPermitted
 from runs.resume import ResumePlan, resume_plan
 from runs.steps import RunStepRecorder
 
@@ -122,7 +123,10 @@ def _build_app(
         return App(name=run.agent_name, root_agent=root, plugins=plugins)
     # The run's own wrapped copy of the loaded agent tree; the package's App keeps its plugins.
     spec = get_agent_spec(run.agent_name)
-    root = build_agent(spec, params=run.params, positions=positions)
+    # A replay or resume continues work its chain already tried: a transient scripted failure is spent.
+    continued = run.replay_of_id is not None or run.resume_of_id is not None
+    params = scripted.transient_failures_spent(run.params) if continued else run.params
+    root = build_agent(spec, params=params, positions=positions)
     return build_app(spec, root=root, name=run.agent_name, plugins=plugins)
 
 
@@ -168,6 +172,10 @@ async def run_agent(
     run: AgentRun, control: RunControl, *, on_event: Callable[[Event], None] | None = None
 ) -> Outcome:
     """Run the agent for `run` and return its outcome; `on_event` sees every event ADK yields."""
+    if owners.is_continuation(run) and not await sync_to_async(owners.may_continue)(run):
+        # A grant taken back takes effect at once: a run going on without its person at a door
+        # (answered after it waited, continued by the system) ends refused, before ADK writes anything.
+        return Outcome(RunStatus.ERROR, OwnerNotPermitted.code, owners.no_longer_permitted(run))
     plugin = JournalPlugin(run.run_id, lease=run.lease)
     # Journal first, then effects: the effect class is stamped on the event the journal records.
     # Scripted tool faults sit either side of the effects plugin, at every tool's boundary.
@@ -205,7 +213,7 @@ async def run_agent(
     asked_in_workflow: list[str] = []
 
     def workflow_cannot_wait(tools: list[str]) -> None:
-        # Stop before a later step runs on the step's unanswered output (README, "Approvals").
+        # Stop before a later step runs on the step's unanswered output (docs/runs.md, "Approvals and tools that wait").
         asked_in_workflow.extend(tools)
         control.abort(outcomes.WORKFLOW_CANNOT_WAIT)
 

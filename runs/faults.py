@@ -6,7 +6,9 @@ deployment allows faults (SCRIPTED_FAULTS_ENABLED) **and** the run's creator hol
 `runs.place_tool_faults`. Starting a run with faults without the permission is refused (403);
 a run that carries faults anyway (a replay by someone else) plays its script without them.
 A system trigger (the command line, a schedule, a webhook source staff configured) has no
-creator: the operator's settings decide.
+creator: the operator's settings decide, and the staff member who saved a schedule's or a source's
+params needed the permission for any fault in them (`runs.admin.owners`). A run the system wrote to
+continue a chain carries the chain's person, whose permission decides.
 """
 
 from __future__ import annotations

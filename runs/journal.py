@@ -37,7 +37,7 @@ from sqlalchemy.sql.elements import TextClause
 from agents.mcp_answers import readable_answer
 from agents.models import AdkEvent
 from runs import leases
-from runs.models import AgentRun, ToolCall, ToolCallStatus, ToolEffect
+from runs.models import KEPT_ON_ANSWER, NEVER_RAN, AgentRun, ToolCall, ToolCallStatus, ToolEffect
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +95,11 @@ def duplicate_call_of(exc: BaseException | None) -> DuplicateCallId | None:
 
 _ANSWER_CALL = text(
     # A call answered from its effect record (or refused by it) keeps saying so.
-    "UPDATE tool_calls SET status = CASE WHEN status IN ('deduplicated', 'refused') THEN status ELSE :status END, "
-    "answered_at = :answered_at, response_summary = :summary "
+    # A call that never ran (waiting, rejected) keeps its words too: ADK's answer to it is plumbing.
+    "UPDATE tool_calls SET status = CASE WHEN status IN ('deduplicated', 'refused', 'waiting', 'not_run') "
+    "THEN status ELSE :status END, "
+    "response_summary = CASE WHEN status IN ('waiting', 'not_run') THEN response_summary ELSE :summary END, "
+    "answered_at = :answered_at "
     "WHERE run_id = :run_id AND call_id = :call_id "
     "RETURNING effect_key"
 )
@@ -252,8 +255,10 @@ _ANSWERS_RODE = "_agent_ledger_answers_rode"
 _ANSWER_CALLS_IN_THE_APPEND = text(
     # _ANSWER_CALL for every answer of the event at once, as a CTE of its append (PostgreSQL):
     # it reads `stored`, so it writes only if the event row went in, under the same fence.
-    "UPDATE tool_calls SET status = CASE WHEN tool_calls.status IN ('deduplicated', 'refused') "
-    "THEN tool_calls.status ELSE a.status END, answered_at = a.answered_at, response_summary = a.summary "
+    "UPDATE tool_calls SET status = CASE WHEN tool_calls.status IN ('deduplicated', 'refused', 'waiting', 'not_run') "
+    "THEN tool_calls.status ELSE a.status END, answered_at = a.answered_at, "
+    "response_summary = CASE WHEN tool_calls.status IN ('waiting', 'not_run') THEN tool_calls.response_summary "
+    "ELSE a.summary END "
     "FROM jsonb_to_recordset(CAST(:k_ride_answers AS jsonb)) "
     "AS a(call_id text, status text, answered_at timestamptz, summary text) "
     "WHERE tool_calls.run_id = :k_ride_run AND tool_calls.call_id = a.call_id AND EXISTS (SELECT 1 FROM stored) "
@@ -336,7 +341,9 @@ def journal_outside_the_session(event_data: dict, *, lease: uuid.UUID | None = N
     for answer in answers:
         with transaction.atomic():
             leases.hold(run_id=run_id, lease=lease, what="a function response's journal row")
-            ToolCall.objects.filter(run_id=run_id, call_id=answer["call_id"]).update(
+            calls = ToolCall.objects.filter(run_id=run_id, call_id=answer["call_id"])
+            calls.filter(status__in=KEPT_ON_ANSWER).update(answered_at=answer["answered_at"])
+            calls.exclude(status__in=KEPT_ON_ANSWER).update(
                 status=answer["status"], answered_at=answer["answered_at"], response_summary=answer["summary"]
             )
 
@@ -353,7 +360,9 @@ def record_outcome(
 
 
 def journal_tools(run_id: uuid.UUID) -> list[str]:
-    return list(ToolCall.objects.filter(run_id=run_id).order_by("seq").values_list("tool_name", flat=True))
+    """The tools the run called, in order; a call that waited and never ran is not one of them."""
+    calls = ToolCall.objects.filter(run_id=run_id).exclude(status__in=NEVER_RAN)
+    return list(calls.order_by("seq").values_list("tool_name", flat=True))
 
 
 def has_journal(run_id: uuid.UUID) -> Exists:
@@ -368,14 +377,16 @@ class _JournalTools(RawSQL):
 
     def as_sql(self, compiler, connection):
         runs, calls = connection.ops.quote_name(AgentRun._meta.db_table), connection.ops.quote_name(ToolCall._meta.db_table)
+        never_ran = "(" + ", ".join(f"'{status}'" for status in NEVER_RAN) + ")"
         if connection.vendor == "postgresql":
             return (
-                f"(SELECT jsonb_agg(c.tool_name ORDER BY c.seq) FROM {calls} c WHERE c.run_id = {runs}.run_id)", []
+                f"COALESCE((SELECT jsonb_agg(c.tool_name ORDER BY c.seq) FROM {calls} c WHERE c.run_id = {runs}.run_id "
+                f"AND c.status NOT IN {never_ran}), '[]'::jsonb)", []
             )
         # SQLite before 3.44 has no ORDER BY inside an aggregate; it aggregates in the subquery's order.
         return (
             f"(SELECT json_group_array(c.tool_name) FROM (SELECT tool_name FROM {calls} "
-            f"WHERE run_id = {runs}.run_id ORDER BY seq) c)",
+            f"WHERE run_id = {runs}.run_id AND status NOT IN {never_ran} ORDER BY seq) c)",
             [],
         )
 
@@ -444,6 +455,9 @@ def derive_tools_executed(run: AgentRun) -> list[str] | None:
     from_journal: list[str] | None
     try:
         from_journal = journal_tools(run.run_id)
+        # Rows that all never ran (asked of a person, rejected) are a journal: none called.
+        if not from_journal and ToolCall.objects.filter(run_id=run.run_id, status__in=NEVER_RAN).exists():
+            return []
     except DatabaseError:
         logger.exception("Run %s: the tool journal could not be read", run.run_id)
         from_journal = None

@@ -23,12 +23,14 @@ from datetime import date, datetime, time, timedelta
 from django.core.exceptions import EmptyResultSet
 from django.db import connections, transaction
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
 from runs.models import (
     IN_FLIGHT,
     SETTLED,
+    UNSETTLED,
     AgentRun,
     EffectStatus,
     EventStatus,
@@ -113,17 +115,25 @@ def awaiting_decision(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
 
 
 def _undecided(failed: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
-    """`awaiting_decision` for runs already filtered to FAILED. The status test is written once:
-    PostgreSQL multiplies the selectivities of a repeated `status IN (…)`, and the estimate that
-    came out (a fifth of the real rows) made it prefer a bitmap scan of every failure to the
-    partial indexes below."""
-    blocking_replays = AgentRun.objects.filter(
-        replay_of=OuterRef("pk"), status__in=(*IN_FLIGHT, RunStatus.SUCCESS)
-    )
-    blocking_resumes = AgentRun.objects.filter(
-        resume_of=OuterRef("pk"), status__in=(*IN_FLIGHT, RunStatus.SUCCESS)
-    )
-    return failed.filter(~Exists(blocking_replays), ~Exists(blocking_resumes))
+    """`awaiting_decision` for runs already filtered to FAILED: none of the runs that continue it,
+    however far down its chain (`runs.chain.descendants`, as the replay rules read it), is in
+    flight or succeeded. The status test is written once: PostgreSQL multiplies the selectivities
+    of a repeated `status IN (…)`, and the estimate that came out (a fifth of the real rows) made
+    it prefer a bitmap scan of every failure to the partial indexes below."""
+    return failed.exclude(pk__in=RawSQL(_CONTINUED_FOR_GOOD, [*UNSETTLED, RunStatus.SUCCESS]))
+
+
+# The runs a continuation in flight or succeeded continues, up the chain: started from the few
+# continuation rows (replay_of / resume_of set), walked up by primary key.
+_CONTINUED_FOR_GOOD = (
+    "WITH RECURSIVE up(run_id) AS ("
+    " SELECT COALESCE(resume_of_id, replay_of_id) FROM agent_runs"
+    " WHERE (resume_of_id IS NOT NULL OR replay_of_id IS NOT NULL) AND status IN (%s, %s, %s, %s)"
+    " UNION"
+    " SELECT COALESCE(r.resume_of_id, r.replay_of_id) FROM agent_runs r JOIN up ON r.run_id = up.run_id"
+    " WHERE r.resume_of_id IS NOT NULL OR r.replay_of_id IS NOT NULL"
+    ") SELECT run_id FROM up"
+)
 
 
 def _unanswered_calls() -> QuerySet[ToolCall]:

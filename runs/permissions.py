@@ -5,10 +5,11 @@ on a call in doubt (settle), on a webhook event (resolve).
 
 Seeing is `runs.visibility`; this module is acting.
 
-- **For an owner.** A user may start runs, chat turns and read memory for an owner only if the
-  owner is their own username, or an admin granted them that owner (`OwnerGrant`), or they hold
-  `runs.act_for_any_owner` (service accounts, the support desk). A system trigger (a schedule, a
-  webhook event) has no actor: its owner was fixed by staff when they saved it, under this rule.
+- **For an owner** (`runs.owners`). A user may start runs, chat turns and read memory for an owner
+  only if the owner is their own username, or an admin granted them that owner (`OwnerGrant`), or
+  they hold `runs.act_for_any_owner` (service accounts, the support desk). A system trigger (a
+  schedule, a webhook event) has no actor: its owner was fixed by staff when they saved it, under
+  this rule. The worker asks it again before a run goes on (`runs.owners.check_may_continue`).
 - **On a run.** Replaying or cancelling one's own run (`created_by` is the actor) needs no
   permission; someone else's needs `runs.replay_agentrun` / `runs.cancel_agentrun`. Forcing
   needs `runs.force_replay_agentrun` on top (`runs.services.check_force`). A replay starts a run
@@ -16,8 +17,10 @@ Seeing is `runs.visibility`; this module is acting.
   the owner rule again (a grant taken back stops replays too); a holder of it replays any run
   for the owner the original's starter was allowed. Resuming asks what replaying asks.
 - **On a call in doubt.** Settling one needs `runs.settle_toolcall`.
-- **On a call that waits.** Approving or rejecting one needs `runs.approve_toolcall`; giving a
-  long-running call's result needs `runs.answer_toolcall` and the owner rule for the run's owner.
+- **On a call that waits.** Approving or rejecting one needs `runs.approve_toolcall` and the owner
+  rule for the run's owner, and is refused to the run's starter unless APPROVAL_BY_STARTER_ALLOWED;
+  giving a long-running call's result needs `runs.answer_toolcall` and the owner rule. Either
+  permission with the owner rule is enough to see that owner's runs that wait (`runs.visibility`).
 - A run the actor cannot see answers 404 before any of this.
 """
 
@@ -25,14 +28,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Q
+from django.conf import settings
 
 from memory.refusals import ScopeNotVisible
-from runs import visibility
+from runs import owners, visibility
 from runs.inbox.refusals import ResolveNotPermitted, RetryNotPermitted
-from runs.models import AgentRun, OwnerGrant
+from runs.models import AgentRun
 from runs.refusals import (
     AnswerNotPermitted,
+    ApprovalByStarter,
     ApproveNotPermitted,
     CancelNotPermitted,
     ForceNotPermitted,
@@ -43,49 +47,21 @@ from runs.refusals import (
     SettleNotPermitted,
 )
 
-ACT_FOR_ANY_OWNER = "runs.act_for_any_owner"
-REPLAY_OTHERS = "runs.replay_agentrun"
+ACT_FOR_ANY_OWNER = owners.ACT_FOR_ANY_OWNER
+REPLAY_OTHERS = owners.REPLAY_OTHERS
 CANCEL_OTHERS = "runs.cancel_agentrun"
 RESOLVE_EVENTS = "runs.resolve_webhookevent"
 FORCE_REPLAY = "runs.force_replay_agentrun"
 SETTLE_CALLS = "runs.settle_toolcall"
-APPROVE_CALLS = "runs.approve_toolcall"
-ANSWER_CALLS = "runs.answer_toolcall"
+APPROVE_CALLS = owners.APPROVE_CALLS
+ANSWER_CALLS = owners.ANSWER_CALLS
 
 
-def _is_person(user: Any) -> bool:
-    return bool(user is not None and getattr(user, "is_authenticated", False) and getattr(user, "is_active", False))
-
-
-# --- For an owner ---------------------------------------------------------------------------------
-
-
-def may_act_for_any_owner(*, user: Any) -> bool:
-    return _is_person(user) and user.has_perm(ACT_FOR_ANY_OWNER)
-
-
-def may_act_for_owner(*, user: Any, owner_id: str) -> bool:
-    """May `user` start runs, chat turns and read memory for `owner_id` (a cleaned owner id)?"""
-    if not _is_person(user) or not isinstance(owner_id, str) or not owner_id:
-        return False
-    if owner_id == user.get_username() or user.has_perm(ACT_FOR_ANY_OWNER):
-        return True
-    return OwnerGrant.objects.filter(user=user, owner_id=owner_id).exists()
-
-
-def owners_q(*, user: Any, field: str = "owner_id") -> Q:
-    """The owners `user` may act for, as a filter on `field`: the owner rule for a whole list."""
-    if not _is_person(user):
-        return Q(pk__in=[])
-    if user.has_perm(ACT_FOR_ANY_OWNER):
-        return Q()
-    granted = OwnerGrant.objects.filter(user=user).values("owner_id")
-    return Q(**{field: user.get_username()}) | Q(**{f"{field}__in": granted})
-
-
-def check_may_act_for_owner(*, user: Any, owner_id: str) -> None:
-    if not may_act_for_owner(user=user, owner_id=owner_id):
-        raise OwnerNotPermitted(owner_id)
+_is_person = owners.is_person
+may_act_for_any_owner = owners.may_act_for_any_owner
+may_act_for_owner = owners.may_act_for_owner
+owners_q = owners.owners_q
+check_may_act_for_owner = owners.check_may_act_for_owner
 
 
 def check_may_read_memory(*, user: Any, agent: str, owner_id: str) -> None:
@@ -120,7 +96,11 @@ def has_own_runs(*, user: Any) -> bool:
 
 
 def _check_visible(*, actor: Any, run: AgentRun) -> None:
-    if not _is_person(actor) or not (visibility.can_see_every_run(actor) or run.created_by_id == actor.pk):
+    if not _is_person(actor):
+        raise RunNotFound(run.run_id)
+    if visibility.can_see_every_run(actor) or run.created_by_id == actor.pk:
+        return
+    if not visibility.visible_runs(actor).filter(pk=run.pk).exists():
         raise RunNotFound(run.run_id)
 
 
@@ -185,17 +165,37 @@ def check_may_settle(*, actor: Any) -> None:
 # --- On a call that waits (runs.approvals) ---------------------------------------------------------
 
 
-def may_approve(*, user: Any) -> bool:
-    return bool(getattr(user, "is_authenticated", False) and user.has_perm(APPROVE_CALLS))
+def may_approve(*, user: Any, run: AgentRun | None = None) -> bool:
+    """The permission, and (given the run) the owner rule for its owner."""
+    if not (_is_person(user) and user.has_perm(APPROVE_CALLS)):
+        return False
+    return run is None or may_act_for_owner(user=user, owner_id=run.owner_id)
 
 
-def check_may_approve(*, actor: Any) -> None:
+def check_may_approve(*, actor: Any, run: AgentRun | None = None) -> None:
+    """A decision: `runs.approve_toolcall`, then (given the run) the owner rule for its owner, then
+    a second person unless APPROVAL_BY_STARTER_ALLOWED (`require_confirmation` stands for one)."""
     if not may_approve(user=actor):
         raise ApproveNotPermitted()
+    if run is not None:
+        check_may_act_for_owner(user=actor, owner_id=run.owner_id)
+        if not settings.APPROVAL_BY_STARTER_ALLOWED and is_own_run(actor=actor, run=run):
+            raise ApprovalByStarter(run.run_id)
 
 
-def may_answer(*, user: Any) -> bool:
-    return bool(getattr(user, "is_authenticated", False) and user.has_perm(ANSWER_CALLS))
+def may_decide_on(*, user: Any, run: AgentRun) -> bool:
+    """Whether a decision on `run`'s calls would be taken (the run page offers the form only then)."""
+    try:
+        check_may_approve(actor=user, run=run)
+    except (ApproveNotPermitted, OwnerNotPermitted, ApprovalByStarter):
+        return False
+    return True
+
+
+def may_answer(*, user: Any, run: AgentRun | None = None) -> bool:
+    if not (_is_person(user) and user.has_perm(ANSWER_CALLS)):
+        return False
+    return run is None or may_act_for_owner(user=user, owner_id=run.owner_id)
 
 
 def check_may_answer(*, actor: Any, run: AgentRun | None = None) -> None:

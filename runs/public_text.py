@@ -35,6 +35,21 @@ def public_error_message(*, error_code: str, error_message: str, worker: str) ->
     return error_message
 
 
+# An exception's class stored as an event's error code (ADK's model codes are upper-case words).
+_EXCEPTION_CLASS = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Fault|Failure)$")
+EVENT_FAILED_CODE = "agent_error"
+
+
+def public_event_error(*, error_code: str, error_message: str) -> tuple[str, str]:
+    """A session event's error as an API user reads it: the words the run page gives for an exception,
+    never its class or text (a plugin's or tool's internals); the model's own codes stay as they are."""
+    if _EXCEPTION_CLASS.match(error_code or "") or _EXCEPTION_PREFIX.match(error_message or "") or (
+        (error_message or "").startswith("Error in plugin")
+    ):
+        return EVENT_FAILED_CODE, EXCEPTION_OUTCOMES[EVENT_FAILED_CODE]
+    return error_code, error_message
+
+
 def public_step_error(error: str) -> str:
     """A workflow step's error as an API user reads it: an exception's text is the desk's."""
     return STEP_FAILED if _EXCEPTION_PREFIX.match(error) else error

@@ -4,8 +4,9 @@ A run reconciled (its worker went silent or died) or aborted by a drain (`worker
 resume decision (`runs.resume.decide_resume`) that already knows whether continuing it is safe:
 nothing in doubt (every dangling call read only, answered by a done effect record, or none), the
 agent unchanged, the session present. With `RUN_RECOVERY=resume` (the default) the system then
-continues it as a resume (`resume_of`, trigger kept, `created_by` empty, `resume_reason`
-"recovered"); a run that died before its session held anything (killed just after its claim) is
+continues it as a resume (`resume_of`, trigger kept, `created_by` the chain's person,
+`continued_by_system` set, `resume_reason` "recovered"), once the owner rule still lets that person act
+for the run's owner (`runs.owners.may_continue`); a run that died before its session held anything (killed just after its claim) is
 started again instead, in a fresh session like a replay (`replay_of`, same reason). At most
 `RUN_RECOVERY_ATTEMPTS` per chain, each later attempt after a backoff (`RUN_RECOVERY_BACKOFF_SECONDS`,
 doubling). Otherwise the run waits on the desk for a person, and
@@ -28,10 +29,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents.models import AdkEvent
-from runs import chain, outcomes, reconcile, services
+from runs import chain, outcomes, owners, reconcile, services
 from runs.counters import RECOVERIES
 from runs.models import STREAMED_TRIGGERS, AgentRun, Recovery, RunStatus, ToolCall
-from runs.refusals import SessionGone
+from runs.refusals import OwnerNotPermitted, SessionGone
 from runs.resume import decide_resume, gather_resume_facts
 
 logger = logging.getLogger(__name__)
@@ -101,6 +102,12 @@ def recover(*, run_id: uuid.UUID, now: datetime | None = None) -> AgentRun | Non
                     f"(attempt {used + 1} of {attempts}, RUN_RECOVERY_BACKOFF_SECONDS)."
                 ))
             return None
+        if not owners.may_continue(run):
+            _mark(run, Recovery.NEEDS_PERSON, (
+                f"Not continued by the system ({OwnerNotPermitted.code}): the person who started it may no longer "
+                f"act for owner {run.owner_id!r}."
+            ))
+            return None
         facts = gather_resume_facts(run)
         decision = decide_resume(run, facts=facts)
         if isinstance(decision.refusal, SessionGone) and _wrote_nothing(run):
@@ -117,6 +124,7 @@ def recover(*, run_id: uuid.UUID, now: datetime | None = None) -> AgentRun | Non
         else:
             resumed = services.write_queued_run(
                 actor=None,
+                on_behalf_of=run.created_by,
                 **run.successor_fields(),
                 resume_of=run,
                 session_id=run.session_id,
@@ -152,6 +160,7 @@ def _start_afresh(run: AgentRun) -> AgentRun:
     in a fresh session (the one it was given is empty)."""
     return services.write_queued_run(
         actor=None,
+        on_behalf_of=run.created_by,
         **run.successor_fields(),
         replay_of=run,
         session_id=str(uuid.uuid4()),

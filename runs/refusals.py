@@ -231,6 +231,16 @@ class NoteHasHiddenCharacters(Refusal):
         )
 
 
+class ReasonHasHiddenCharacters(Refusal):
+    status = 400
+    code = "reason_invalid"
+
+    def __init__(self, problem: str):
+        super().__init__(
+            f"The reason contains {problem}; write it in plain text (line breaks and tabs are fine)."
+        )
+
+
 class UnknownOutcome(Refusal):
     status = 400
     code = "unknown_outcome"
@@ -362,7 +372,7 @@ class ConversationMovedOn(ResumeRefused):
 
 # --- The orders the rules check in -------------------------------------------------------------------
 # The first refusal that applies answers. `runs.replay.decide` and `runs.resume.decide_resume` check
-# in these orders; the README's tables, the API's descriptions and docs/architecture.md say them
+# in these orders; the manual's tables (docs/runs.md), the API's descriptions and docs/architecture.md say them
 # (the API's are written from these tuples), and tests/test_docs_truth.py holds all of them to it.
 
 REPLAY_REFUSAL_ORDER: tuple[type[ReplayRefused], ...] = (
@@ -481,6 +491,18 @@ class AnswerNotPermitted(Refusal):
         super().__init__(
             "Giving a long-running call's result needs the permission “Can give the result of a long-running tool "
             "call” (runs.answer_toolcall); ask someone who has it."
+        )
+
+
+class ApprovalByStarter(Refusal):
+    status = 403
+    code = "approval_by_starter"
+
+    def __init__(self, run_id: Any):
+        super().__init__(
+            f"You started run {run_id}, so you may not approve or reject its calls: a confirmation stands for a "
+            "second person (APPROVAL_BY_STARTER_ALLOWED is false). Ask another approver.",
+            run_id=str(run_id),
         )
 
 

@@ -317,7 +317,9 @@ def input_file_present(run: AgentRun, *, verify_digest: bool = False) -> bool:
 
 
 def gather_facts(run: AgentRun, *, verify_digest: bool = False) -> ReplayFacts:
-    successors = chain.successors(run)
+    # The whole chain below the run: a continuation's own continuation that succeeded (or is in
+    # flight) decides the run's fate as much as a direct one.
+    successors = chain.descendants(run)
     return ReplayFacts(
         resumes=tuple(successor for successor in successors if successor.kind == chain.RESUME),
         replays=tuple(successor for successor in successors if successor.kind == chain.REPLAY),

@@ -48,6 +48,7 @@ from runs import approvals, chain
 from runs.chain import Successor
 from runs.models import (
     IN_FLIGHT,
+    NEVER_RAN,
     UNSETTLED,
     AgentRun,
     Decision,
@@ -278,6 +279,8 @@ def answer_for(call_id: str, tool_name: str, evidence: CallEvidence | None) -> A
     if fact.settled_outcome == SettledOutcome.NOT_DONE:
         return _not_done(call_id, tool_name, SETTLED_NOT_DONE,
                          f"a person settled that it did not act ({evidence.settle_note}).", effect)
+    if fact.status in NEVER_RAN:
+        return _not_done(call_id, tool_name, NOT_DONE, "it was asked of a person and never ran.", effect)
     if fact.status == ToolCallStatus.REFUSED:
         return _not_done(call_id, tool_name, NOT_DONE, "its idempotency key was already used with other arguments.",
                          effect)

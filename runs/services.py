@@ -29,6 +29,7 @@ from agents.services import resolve_runnable
 from agents.workflows import WorkflowGraphError, validate_workflow_params
 from config.lib import files, safe_json
 from config.lib.refusals import TooLargeInput, required_text
+from config.lib.text import hidden_character
 from runs import approvals, journal, lifecycle, permissions, quotas, reconcile, visibility
 from runs import replay as rules
 from runs import resume as resume_rules
@@ -36,6 +37,7 @@ from runs.counters import REPLAY_REFUSALS
 from runs.faults import check_may_place_faults
 from runs.models import STREAMED_TRIGGERS, AgentRun, Conversation, EffectsChoice, RunStatus, Trigger
 from runs.refusals import (
+    ReasonHasHiddenCharacters,
     ReasonRequired,
     ReasonTooLong,
     RedoNeedsForce,
@@ -279,15 +281,29 @@ def start_run(
     return run
 
 
-def write_queued_run(*, actor: Any, chat: bool = False, enqueue: bool = True, **fields: Any) -> AgentRun:
+def write_queued_run(
+    *, actor: Any, chat: bool = False, enqueue: bool = True, on_behalf_of: Any = None, **fields: Any
+) -> AgentRun:
     """Write a run `queued` and tell the workers at the commit, inside the caller's transaction: the one writer
     of new runs (`start_run`, and a replay's or resume's `AgentRun.successor_fields`).
 
     The run counts against `actor`'s cap of work in flight (`runs.quotas`), is `created_by` them
     when they are a person, and carries its agent's fingerprint now unless `fields` give one.
+    The system (`actor` None) continuing a chain passes the chain's person as `on_behalf_of`: the run
+    is theirs (`created_by`, counted in their cap from now on, seen and cancelled by them) and marked
+    `continued_by_system`; it replaces a run that died, so it is not refused by the cap.
     """
+    if actor is None and on_behalf_of is not None:
+        fields["created_by"], fields["continued_by_system"] = on_behalf_of, True
+        return _write(enqueue=enqueue, fields=fields)
     quotas.check_in_flight(user=actor, chat=chat)
     fields["created_by"] = actor if getattr(actor, "is_authenticated", False) else None
+    if actor is None:
+        fields["continued_by_system"] = bool(fields.get("resume_reason"))
+    return _write(enqueue=enqueue, fields=fields)
+
+
+def _write(*, enqueue: bool, fields: dict[str, Any]) -> AgentRun:
     if "agent_fingerprint" not in fields:
         fields["agent_fingerprint"] = resume_rules.current_fingerprint(
             agent_name=fields["agent_name"], workflow=(fields.get("config") or {}).get("workflow") or None
@@ -306,7 +322,11 @@ MAX_FORCE_REASON_CHARS = 2000
 
 def check_force_reason(reason: Any) -> str:
     """The one rule for a force's reason, for every door: given, and not too long. Returns it cleaned."""
-    return required_text(reason, limit=MAX_FORCE_REASON_CHARS, missing=ReasonRequired, too_long=ReasonTooLong)
+    text = required_text(reason, limit=MAX_FORCE_REASON_CHARS, missing=ReasonRequired, too_long=ReasonTooLong)
+    # Kept in the audit log for the next person, as a settle note is: the same rule.
+    if (problem := hidden_character(text)) is not None:
+        raise ReasonHasHiddenCharacters(problem)
+    return text
 
 
 def check_force(*, actor: Any, reason: Any) -> str:

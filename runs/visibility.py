@@ -1,7 +1,8 @@
 """Who sees which runs: one rule for every door (API, admin).
 
 Holders of `runs.view_agentrun` (superusers hold every permission) see every run; anyone else,
-staff included, sees only the runs they started: the API reads under the admin's own permission,
+staff included, sees only the runs they started (and, to answer them, the runs that wait for an
+answer of the owners they may act for, when they hold `runs.approve_toolcall` or `runs.answer_toolcall`): the API reads under the admin's own permission,
 so `is_staff` alone, which the admin answers with 403, reads no one else's runs or events. A run someone may not see answers as if it did not exist. Seeing is not acting: who
 may replay or cancel a run, and whose memories a user may read, is `runs.permissions`.
 """
@@ -11,7 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError
+from django.db.models import Q
 
+from runs import owners
 from runs.models import AgentRun
 from runs.refusals import RunNotFound
 
@@ -21,12 +24,14 @@ def can_see_every_run(user: Any) -> bool:
 
 
 def visible_runs(user: Any):
-    """Holders of runs.view_agentrun see every run; anyone else only the runs they started."""
+    """Holders of runs.view_agentrun see every run; anyone else the runs they started, and (holding
+    runs.approve_toolcall or runs.answer_toolcall) the runs that wait for an answer of the owners
+    they may act for (`runs.owners.deciders_runs_q`)."""
     if user is None or not getattr(user, "is_authenticated", False):
         return AgentRun.objects.none()
     if can_see_every_run(user):
         return AgentRun.objects.all()
-    return AgentRun.objects.filter(created_by=user)
+    return AgentRun.objects.filter(Q(created_by=user) | owners.deciders_runs_q(user=user))
 
 
 def get_visible_run(run_id: Any, *, actor: Any, lock: bool = False) -> AgentRun:

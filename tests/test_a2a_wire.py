@@ -282,7 +282,7 @@ def test_a_restart_while_input_required_then_the_answer_over_a2a_ends_the_same_r
         port = _free_port()
         with open(tmp_path / "web.log", "ab") as log:
             web = subprocess.Popen(web_command(host="127.0.0.1", port=port), cwd=BASE_DIR,
-                                   env=child_env(LOG_LEVEL="WARNING"), stdout=log, stderr=subprocess.STDOUT)
+                                   env=child_env(LOG_LEVEL="WARNING", APPROVAL_BY_STARTER_ALLOWED="true"), stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         wait_until_serving(url, web, tmp_path / "web.log")
         return web, url, start_workers(tmp_path / "workers.log")

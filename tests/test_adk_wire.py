@@ -54,7 +54,9 @@ def server(django_db_setup, tmp_path_factory):
     """`manage.py serve`'s web process (uvicorn, ASGI) and the workers, on the test database."""
     port = _free_port()
     logs = Path(tmp_path_factory.mktemp("adkwire"))
-    env = child_env(CHAT_KEEPALIVE_SECONDS="0.5", RUN_HEARTBEAT_SECONDS="0.5", LOG_LEVEL="WARNING")
+    # The wire's client answers its own run's confirmations here: a deployment that lets a starter approve.
+    env = child_env(CHAT_KEEPALIVE_SECONDS="0.5", RUN_HEARTBEAT_SECONDS="0.5", LOG_LEVEL="WARNING",
+                    APPROVAL_BY_STARTER_ALLOWED="true")
     with open(logs / "uvicorn.log", "wb") as log:
         web = subprocess.Popen(web_command(host="127.0.0.1", port=port), cwd=BASE_DIR, env=env, stdout=log,
                                stderr=subprocess.STDOUT)

@@ -39,9 +39,11 @@ REFUNDED = {"say": "Refunded order A-1001."}
 
 @pytest.fixture
 def approver(django_user_model):
-    """Support staff who may approve or reject calls that wait (runs.approve_toolcall)."""
+    """Support staff who may approve or reject calls that wait (runs.approve_toolcall) for every owner
+    (runs.act_for_any_owner): deciding asks the owner rule as a result does."""
     user = django_user_model.objects.create_user("ada", password="ada-pass-123", is_staff=True)
-    user.user_permissions.add(*Permission.objects.filter(codename__in=["view_agentrun", "approve_toolcall"]))
+    user.user_permissions.add(*Permission.objects.filter(
+        codename__in=["view_agentrun", "approve_toolcall", "act_for_any_owner"]))
     return user
 
 
@@ -80,7 +82,12 @@ def test_a_big_refund_waits_without_acting_and_an_approval_continues_the_same_ru
     assert (pending.kind, pending.tool_name, pending.args) == (WaitKind.CONFIRMATION, "issue_refund", BIG_REFUND["args"])
     assert pending.request_call_id and pending.decision == ""
     assert Refund.objects.count() == 0 and ToolEffect.objects.count() == 0
-    assert run.heartbeat_at is None and run.finished_at is None and run.tools_executed == ["issue_refund"]
+    # Asked, not run: the journal and the run say so, on every door.
+    assert run.heartbeat_at is None and run.finished_at is None and run.tools_executed == []
+    (asked,) = run.tool_calls.all()
+    assert asked.status == "waiting"
+    call = api(approver).get(f"/api/runs/{run.run_id}/").json()["tool_calls"][0]
+    assert (call["status"], call["state"]) == ("waiting", "waiting")
 
     answer = api(approver).post(f"/api/runs/{run.run_id}/calls/{pending.call_id}/decision/",
                                 {"decision": "approve", "note": "Order checked."}, format="json")
@@ -97,6 +104,7 @@ def test_a_big_refund_waits_without_acting_and_an_approval_continues_the_same_ru
     # The approved call obeyed every rule: journaled, its effect record done under the run's intent.
     (call,) = run.tool_calls.all()
     assert (call.call_id, call.status, call.effect) == (pending.call_id, "answered", "idempotent")
+    assert run.tools_executed == ["issue_refund"]
     assert ToolEffect.objects.get(key=call.effect_key).status == "done"
     pending.refresh_from_db()
     assert (pending.decision, pending.decided_by, pending.note, pending.delivered_attempt) == (
@@ -111,7 +119,7 @@ def test_a_small_refund_needs_no_approval(alice):
 
 
 @db
-def test_a_rejection_tells_the_model_and_nothing_is_refunded(alice, approver, requests_seen):
+def test_a_rejection_tells_the_model_and_nothing_is_refunded(alice, approver, requests_seen, admin_user):
     run, pending = waiting_refund(alice, {"say": "The refund was not approved."})
     approvals.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="reject",
                           note="Not owed.")
@@ -124,6 +132,17 @@ def test_a_rejection_tells_the_model_and_nothing_is_refunded(alice, approver, re
     responses = [part.function_response.response for content in requests_seen[-1].contents
                  for part in content.parts if part.function_response and part.function_response.id == pending.call_id]
     assert responses[-1] == {"error": "This tool call is rejected."}
+    # Rejected and not run: never in tools_executed, never `answered`, on the API and the run page.
+    assert run.tools_executed == []
+    (call,) = run.tool_calls.all()
+    assert (call.status, call.response_summary) == ("not_run", "rejected by ada: not run")
+    data = api(approver).get(f"/api/runs/{run.run_id}/").json()
+    assert data["tools_executed"] == [] and (data["tool_calls"][0]["status"], data["tool_calls"][0]["state"]) == (
+        "not_run", "rejected")
+    page = Client()
+    page.force_login(admin_user)
+    html = page.get(f"/admin/runs/agentrun/{run.run_id}/change/").content.decode()
+    assert "rejected, not run" in html and "answered" not in html.split('id="tool_calls-group"')[1].split("</fieldset>")[0]
 
 
 @db
@@ -218,7 +237,9 @@ def test_cancelling_a_waiting_run_settles_it_and_closes_its_calls(alice, approve
     answer = api(alice).post(f"/api/runs/{run.run_id}/cancel/", {}, format="json")
     assert answer.status_code == 202 and answer.json()["status"] == "cancelled"
     run.refresh_from_db()
-    assert (run.status, run.tools_executed) == (RunStatus.CANCELLED, ["issue_refund"])
+    # The call it waited for never ran: none called, its journal row closed as not run.
+    assert (run.status, run.tools_executed) == (RunStatus.CANCELLED, [])
+    assert run.tool_calls.get().status == "not_run"
     pending.refresh_from_db()
     assert pending.decision == Decision.CANCELLED
     late = api(approver).post(f"/api/runs/{run.run_id}/calls/{pending.call_id}/decision/", {"decision": "approve"},
@@ -309,7 +330,7 @@ def test_the_run_page_shows_the_call_and_a_person_approves_it_there(alice, appro
     assert "already answered" in again
     run = execute(run)
     assert run.status == RunStatus.SUCCESS and Refund.objects.count() == 1
-    assert "Calls it waited for" in person.get(page_url).content.decode()
+    assert "Decisions taken" in person.get(page_url).content.decode()
 
 
 @db
@@ -537,7 +558,7 @@ def test_a_chat_turn_that_waits_says_so_and_keeps_its_conversation_busy(server, 
 
 @db
 def test_a_workflow_step_that_asks_for_approval_stops_the_run_and_says_why(alice):
-    # Workflow runs cannot wait yet (README, "Approvals"): refused loudly, never a success without the answer.
+    # Workflow runs cannot wait yet (docs/runs.md, "Approvals and tools that wait"): refused loudly, never a success without the answer.
     save_workflow(name="refunds", graph={"steps": {"support": {"agent": "support"}, "triage": {"agent": "triage"}},
                                          "chains": [["START", "support", "triage"]]})
     run = run_now(agent_name="refunds", message="Refund order A-1001.", created_by=alice, params={"scripts": {

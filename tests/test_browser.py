@@ -112,6 +112,8 @@ def drive_the_desk(page, live_server, support_lead, failed, enqueued, tmp_path):
     decision = page.locator("#replay-decision").inner_text()
     assert "This run already called send_email, update_crm before failing" in decision
     assert "Use “Force replay…” to run it again anyway." in decision
+    # The raw timeline comes last, folded: a click opens it.
+    page.locator("#timeline-fold > summary").click()
     timeline = page.locator(".run-timeline").inner_text()
     assert "called send_email" in timeline and "jane@example.com" in timeline
     assert "CRM timed out" in timeline
@@ -144,10 +146,10 @@ def drive_the_desk(page, live_server, support_lead, failed, enqueued, tmp_path):
     executor.execute(replay.run_id)
     replay.refresh_from_db()
     page.reload()
-    save_docs_screenshot(page.screenshot(full_page=True), "run-page.png")
     chain = page.locator(".run-chain").inner_text()
     assert str(failed.run_id)[:8] in chain and "forced by lee" in chain
     assert page.locator(".field-status .readonly").inner_text().strip() == replay.status
+    page.locator("#timeline-fold > summary").click()
     assert "called send_email" in page.locator(".run-timeline").inner_text()
 
 
@@ -212,7 +214,9 @@ def test_the_desk_overview_and_a_live_run_page(live_server, support_lead, monkey
             assert panel.get_attribute("data-polling") == "on"
             assert "lookup_customer" in panel.locator(".live-calls").inner_text()
             assert page.locator("#live-status").inner_text() == "running"
-            # Updated in place while the tool hangs: the heartbeat's age is refreshed, no reload.
+            # Updated in place while the tool hangs: the heartbeat's age is refreshed, no reload;
+            # the raw timeline, opened by the reader, stays open across the updates.
+            page.locator("#live-timeline-fold > summary").click()
             page.wait_for_function("document.getElementById('run-live').dataset.updates >= 1")
             assert "last heartbeat" in page.locator("#live-heartbeat").inner_text()
             save_docs_screenshot(page.screenshot(), "live-run-page.png")

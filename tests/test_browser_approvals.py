@@ -49,7 +49,20 @@ def test_an_approver_approves_a_waiting_refund_from_the_run_page(live_server, al
             page.wait_for_url(f"**{page_url}")
 
             waiting = page.locator(f'[id="waiting-{pending.call_id}"]')
-            assert page.locator("#waiting-calls h2").inner_text() == "Waiting for 1 call"
+            assert page.locator("#what-needs-you h2").inner_text() == "What needs you"
+            # At 1366×900 the status, the outcome and the Decide form come first, before anything raw.
+            page.set_viewport_size({"width": 1366, "height": 900})
+            assert page.locator("#run-outcome").bounding_box()["y"] < page.locator("#what-needs-you").bounding_box()["y"]
+            decide = waiting.locator('input[type="submit"][value="Decide"]').bounding_box()
+            assert decide["y"] + decide["height"] < 900, decide
+            order = [page.locator(selector).bounding_box()["y"] for selector in
+                     ("#run-outcome", "#what-needs-you", "#replay-decision", ".run-live")]
+            assert order == sorted(order), order
+            page.locator("#needs-summary a").click()
+            assert page.url.endswith("#what-needs-you")
+            shown = page.locator("body").inner_text()
+            for word in ("adk_request_confirmation", "FunctionResponse", "ToolConfirmation", "originalFunctionCall"):
+                assert word not in shown, word
             text = waiting.inner_text()
             assert "issue_refund" in text and "waits for a person's approval" in text
             assert "A-1001" in text and "25000" in text  # the arguments, as asked
@@ -69,7 +82,12 @@ def test_an_approver_approves_a_waiting_refund_from_the_run_page(live_server, al
             assert not worker.is_alive(), "the approved run did not finish"
             page.goto(f"{live_server.url}{page_url}")
             assert page.locator(".field-status .readonly").inner_text().strip() == "success"
-            assert page.locator("#waiting-calls h2").inner_text() == "Calls it waited for"
+            assert page.locator("#decisions-taken").inner_text() == "Decisions taken"
+            outcome = page.locator("#outcome-words")
+            assert "Refunded order A-1001." in outcome.inner_text() and outcome.bounding_box()["y"] < 900
+            # The raw timeline comes last, folded.
+            assert page.locator("#timeline-fold").evaluate("element => !element.open")
+            assert page.locator("#timeline-fold").bounding_box()["y"] > page.locator("#replay-decision").bounding_box()["y"]
             answered = page.locator(f'[id="answered-{pending.call_id}"]').inner_text()
             assert "issue_refund" in answered and "ada" in answered and "Order A-1001 checked" in answered
             assert page.locator(f'[id="waiting-{pending.call_id}"]').count() == 0

@@ -17,6 +17,7 @@ from runs.models import (
     AgentRun,
     EventStatus,
     FiringOutcome,
+    Recovery,
     RunSchedule,
     RunStatus,
     ScheduleFiring,
@@ -301,3 +302,29 @@ def test_a_call_whose_tool_raised_after_starting_its_effect_is_in_doubt_on_the_d
     api.force_authenticate(admin_user)
     calls = api.get(f"/api/runs/{run.run_id}/").json()["tool_calls"]
     assert [(c["tool_name"], c["in_doubt"]) for c in calls] == [("update_crm", True)]
+
+
+def test_a_chain_that_ended_well_leaves_the_tiles_that_need_a_person(admin_user):
+    """error → resume (error) → resume (success): the chain is judged by how it ended."""
+    root = make_run(status=RunStatus.ERROR, tools=["send_email"], error_code="reconciled")
+    AgentRun.objects.filter(pk=root.pk).update(recovery=Recovery.NEEDS_PERSON)
+    middle = make_run(status=RunStatus.ERROR, tools=["send_email"], error_code="model_error")
+    AgentRun.objects.filter(pk=middle.pk).update(resume_of=root, recovery=Recovery.NEEDS_PERSON)
+    ToolCall.objects.create(run=root, seq=1, call_id="c-1", tool_name="send_email", effect="idempotent",
+                            status=ToolCallStatus.ANSWERED)
+    ToolCall.objects.create(run=middle, seq=1, call_id="c-2", tool_name="send_email", effect="idempotent",
+                            status=ToolCallStatus.ANSWERED)
+    client = login(admin_user)
+    html = client.get(DESK).content.decode()
+    # While the chain ends in a failure, a person decides (both may still be replayed by force).
+    assert listed_ids(client, tile_link(html, "awaiting-tools-called")) == ids([root, middle])
+
+    last = make_run(status=RunStatus.SUCCESS, tools=["send_email"])
+    AgentRun.objects.filter(pk=last.pk).update(resume_of=middle)
+    html = client.get(DESK).content.decode()
+    for tile in ("awaiting-tools-called", "awaiting-calls-in-doubt", "awaiting-tools-unknown", "died-waiting"):
+        assert tile_count(html, tile) == "0", tile
+    # The rules read the same chain: the root was finished by its resume, however far down.
+    assert replay.decide(AgentRun.objects.get(pk=root.pk), force=False).code == "already_resumed"
+    page = client.get(f"/admin/runs/agentrun/{root.run_id}/change/").content.decode()
+    assert "Resumed by" in page and str(last.run_id)[:8] in page.split('id="chain-end"')[1].split("</p>")[0]

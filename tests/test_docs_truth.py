@@ -1,5 +1,5 @@
-"""The map stays true: what the README, the API's descriptions and docs/architecture.md say about
-the code is read from the code and held to it."""
+"""The map stays true: what the manual (README.md and docs/), the API's descriptions and
+docs/architecture.md say about the code is read from the code and held to it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,10 @@ from runs import replay, resume
 from runs.refusals import REPLAY_REFUSAL_ORDER, RESUME_REFUSAL_ORDER
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
+# The rules are stated once, on the page every reader is sent to; the settings on the operators'.
+RUNS_PAGE = (ROOT / "docs" / "runs.md").read_text()
+CONFIGURATION_PAGE = (ROOT / "docs" / "configuration.md").read_text()
+MANUAL_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 ARCHITECTURE = (ROOT / "docs" / "architecture.md").read_text()
 CODE_DIRS = ("config", "agents", "memory", "runs", "bench")
 MAX_LINES = 420
@@ -96,13 +99,13 @@ def test_the_rules_check_their_refusals_in_the_declared_order(rule, order):
     assert constructed == [refusal.__name__ for refusal in order]
 
 
-def test_the_readme_replay_table_follows_the_order():
-    rows = table_after(README, "`runs.services.replay_run(…)`, checked in this order")
+def test_the_manuals_replay_table_follows_the_order():
+    rows = table_after(RUNS_PAGE, "`runs.services.replay_run(…)`, checked in this order")
     assert codes_in(" ".join(row[1] for row in rows), REPLAY_CODES) == REPLAY_CODES
 
 
-def test_the_readme_resume_table_follows_the_order():
-    rows = table_after(README, "`runs.resume.decide_resume`, in this order")
+def test_the_manuals_resume_table_follows_the_order():
+    rows = table_after(RUNS_PAGE, "`runs.resume.decide_resume`, in this order")
     assert codes_in(" ".join(row[1] for row in rows), RESUME_CODES) == RESUME_CODES
 
 
@@ -146,8 +149,8 @@ def settings_variables() -> set[str]:
     return names
 
 
-def test_every_variable_the_settings_read_is_in_the_readme_configuration_table():
-    rows = table_after(README, "## Configuration")
+def test_every_variable_the_settings_read_is_in_the_configuration_table():
+    rows = table_after(CONFIGURATION_PAGE, "| variable |")
     documented = {name for row in rows for name in re.findall(r"`([A-Z][A-Z0-9_]+)`", row[0])}
     read = settings_variables()
     assert len(read) > 50  # the reader found the settings' variables, not nothing
@@ -161,7 +164,7 @@ def test_every_cited_section_of_the_architecture_exists():
     headings = set(re.findall(r"^#+ (.+)$", ARCHITECTURE, re.M)) | set(re.findall(r"\*\*([^*]+?)\.\*\*", ARCHITECTURE))
     cited = {
         (path.relative_to(ROOT), title)
-        for path in [*source_files(), ROOT / "README.md"]
+        for path in [*source_files(), *MANUAL_PAGES]
         for title in re.findall(r'docs/architecture\.md, "([^"]+)"', path.read_text())
     }
     assert cited, "no citation found: the pattern is wrong"

@@ -249,7 +249,7 @@ def test_a_forced_replay_reuses_recorded_effects_by_default(alice, support_lead)
     admin = Client()
     admin.force_login(support_lead)
     html = admin.get(f"/admin/runs/agentrun/{replay.run_id}/change/").content.decode()
-    assert "deduplicated (served from record)" in html
+    assert "served from its record, not run again" in html
 
 
 @db

@@ -394,7 +394,7 @@ def test_open_chat_streams_per_user_are_capped(alice, alice_token, settings):
 
 def test_repeated_bad_admin_logins_lock_the_login(django_user_model, settings):
     settings.AXES_ENABLED = True
-    settings.AXES_FAILURE_LIMIT = 3
+    settings.LOGIN_FAILURE_LIMIT = 3
     django_user_model.objects.create_user("staff", password="right-pass-123", is_staff=True, is_superuser=True)
     client = Client()
     for _ in range(3):

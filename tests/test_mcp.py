@@ -154,3 +154,28 @@ def test_a_worker_killed_inside_an_mcp_tool_is_reconciled_and_never_repeats_it(m
     assert decision.code == "calls_in_doubt"
     assert decision.refusal.context["tools"] == ["close_ticket"]
     assert mcp_env.read_text() == "T-1 solved\n"
+
+
+HTTP_MCP_DESK = '''
+from google.adk.agents import LlmAgent
+from google.adk.tools.mcp_tool import McpToolset, StreamableHTTPConnectionParams
+
+root_agent = LlmAgent(
+    name="http_desk",
+    model="gemini-2.5-flash",
+    tools=[McpToolset(connection_params=StreamableHTTPConnectionParams(
+        url="http://desk-user:hunter2-password@127.0.0.1:9/mcp/sk-live-4f2a?token=tok-77e1", timeout=2))],
+)
+'''
+
+
+def test_an_mcp_servers_credentials_never_reach_the_logs(agents_dir, settings, caplog):
+    settings.AGENT_TOOL_LISTING_TIMEOUT_SECONDS = 3
+    with caplog.at_level("WARNING"):
+        spec = agents_dir(http_desk=HTTP_MCP_DESK)["http_desk"]
+    [error] = spec.tool_errors
+    assert "hunter2-password" in error  # the desk that may configure agents reads it whole
+    logged = caplog.text
+    assert "http_desk" in logged and "127.0.0.1" in logged
+    for secret in ("hunter2-password", "desk-user", "sk-live-4f2a", "tok-77e1"):
+        assert secret not in logged, secret

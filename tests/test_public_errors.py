@@ -6,15 +6,19 @@ happened without the exception's class and text, and without the worker's host a
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pytest
 from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from agents.models import AdkEvent
 from runs import reconcile
 from runs.chat.turns import outcome_payload
 from runs.models import RunStatus, RunStep
 from tests.factories import make_run
+from tests.helpers import run_now, script_params
 
 pytestmark = pytest.mark.django_db
 
@@ -72,3 +76,20 @@ def test_a_workflow_steps_exception_stays_on_the_desk(bob):
                            status="error", error="ScriptedToolError: the CRM is down")
     steps = api(bob).get(f"/api/runs/{run.run_id}/").json()["steps"]
     assert steps and "ScriptedToolError" not in steps[0]["error"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_events_error_reads_as_the_run_pages_words_not_the_exception(bob):
+    run = run_now(params=script_params({"say": "Hello."}), created_by=bob, owner_id="bob")
+    AdkEvent.objects.create(
+        id="boom-1", app_name=run.agent_name, user_id=run.owner_id, session_id=run.session_id,
+        invocation_id=run.invocation_id, timestamp=datetime(2100, 1, 1),
+        event_data={"author": "support", "error_code": "RuntimeError",
+                    "error_message": "Error in plugin 'effects': secret internal boom"},
+    )
+    body = api(bob).get(f"/api/runs/{run.run_id}/events/")
+    assert body.status_code == 200
+    text = body.content.decode()
+    assert "RuntimeError" not in text and "secret internal boom" not in text
+    (failed,) = [event for event in body.json()["events"] if event["error_code"]]
+    assert failed["error_code"] == "agent_error" and "support can read the error" in failed["error_message"]

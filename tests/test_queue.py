@@ -143,3 +143,36 @@ def test_serve_runs_the_web_the_workers_and_the_periodic_jobs_in_one_command(tmp
                     os.killpg(int(child), signal.SIGKILL)
             stop_group(serve)
         connection.close()
+
+
+@pytest.mark.slow
+@db
+def test_serve_prints_the_address_and_a_new_password_once_the_server_listens(tmp_path, django_user_model):
+    port = _free_port()
+    log = tmp_path / "serve.log"
+    with open(log, "ab") as out:
+        serve = subprocess.Popen(
+            [sys.executable, "manage.py", "serve", "--setup", "--port", str(port)], cwd=BASE_DIR,
+            env=child_env(RUN_POLL_SECONDS="0.5", RUN_DRAIN_SECONDS="2", ADMIN_PASSWORD=""), stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        wait_until(lambda: "Keep it" in log.read_text(), timeout=120, what=f"serve to print the password (log: {log})")
+        text = log.read_text()
+        # The address and the password come last, after every line of the set-up, and the server
+        # already answers when they are printed.
+        address = text.index(f"Agent Ledger on http://127.0.0.1:{port}/admin/")
+        password = text.split("with password: ")[1].split()[0]
+        assert text.index("with password: ") > address > text.index("Agent support")
+        assert httpx.get(f"http://127.0.0.1:{port}/admin/login/", timeout=10).status_code == 200
+        assert len(password) >= 12 and django_user_model.objects.filter(username="admin", is_superuser=True).exists()
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=90) == 0, log.read_text()[-3000:]
+    finally:
+        if serve.poll() is None:
+            for child in subprocess.run(["ps", "-o", "pid=", "--ppid", str(serve.pid)], capture_output=True,
+                                        text=True).stdout.split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(int(child), signal.SIGKILL)
+            stop_group(serve)
+        connection.close()

@@ -429,11 +429,11 @@ def test_a_worker_killed_mid_run_is_reconciled_within_the_stale_window(settings)
 
 
 RECONCILER = """
-import sys, time
-start_at = float(sys.argv[1])
+import sys
 import django; django.setup()
 from runs import reconcile
-time.sleep(max(0.0, start_at - time.time()))
+print("ready", flush=True)
+sys.stdin.readline()
 for run in reconcile.reconcile_stale_runs():
     print(run.run_id, flush=True)
 """
@@ -450,10 +450,31 @@ def test_four_reconcilers_at_once_land_each_run_exactly_once(settings):
     )
     stale_ids = {run.run_id for run in stale}
 
+    # Four reconcilers started and set up first, each waiting for a line on its stdin, so that the
+    # race begins the moment both workers are inside their tools, however long Python takes to
+    # start on a loaded machine.
+    reconcilers = [
+        subprocess.Popen(
+            [sys.executable, "-c", RECONCILER],
+            cwd=BASE_DIR, env=child_env(RUN_STALE_AFTER_SECONDS="2"),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for _ in range(4)
+    ]
+    try:
+        for process in reconcilers:
+            assert process.stdout.readline().strip() == "ready", process.stderr.read()[-2000:]
+        _race(stale_ids, reconcilers)
+    finally:
+        for process in reconcilers:
+            if process.poll() is None:
+                process.kill()
+
+
+def _race(stale_ids, reconcilers):
+
     # A live worker (heartbeat every 0.2 s) busy in a tool for the whole race, and a slow one that
     # beats so rarely it will look dead, then wakes up to a run that is no longer its own.
-    # Long enough that the reconcilers start while both are still inside their tools, even on a
-    # loaded machine where starting four Python processes takes several seconds.
     script_live = json.dumps([dict(LOOKUP, hang=28), SAY_DONE])
     script_slow = json.dumps([dict(SEND_EMAIL, hang=22), SAY_DONE])
     live = subprocess.Popen(
@@ -471,19 +492,16 @@ def test_four_reconcilers_at_once_land_each_run_exactly_once(settings):
         running = lambda owner: AgentRun.objects.filter(owner_id=owner, status=RunStatus.RUNNING).first()  # noqa: E731
         live_run = wait_until(lambda: running("live-worker"), timeout=60)
         slow_run = wait_until(lambda: running("slow-worker"), timeout=60)
-        # The slow run is journaled (send_email called) before it hangs in the tool.
+        # Both are journaled (their tools called) before they hang in them.
         wait_until(lambda: ToolCall.objects.filter(run=slow_run).exists(), timeout=30)
+        wait_until(lambda: ToolCall.objects.filter(run=live_run).exists(), timeout=30)
+        # The slow one's last beat must be older than the reconcilers' 2 s staleness.
+        time.sleep(2.5)
 
-        start_at = time.time() + 4
-        reconcilers = [
-            subprocess.Popen(
-                [sys.executable, "-c", RECONCILER, str(start_at)],
-                cwd=BASE_DIR, env=child_env(RUN_STALE_AFTER_SECONDS="2"),
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            )
-            for _ in range(4)
-        ]
         outputs = []
+        for process in reconcilers:
+            process.stdin.write("go\n")
+            process.stdin.flush()
         for process in reconcilers:
             out, err = process.communicate(timeout=120)
             assert process.returncode == 0, err[-2000:]
@@ -499,7 +517,8 @@ def test_four_reconcilers_at_once_land_each_run_exactly_once(settings):
         slow_out = slow.communicate(timeout=120)
 
     assert live.returncode == 0, live_out[1][-2000:]
-    assert slow.returncode == 0, slow_out[1][-2000:]
+    # The slow run's verdict is the reconciler's (an error): run_agent says it did not succeed.
+    assert slow.returncode == 2, slow_out[1][-2000:]
     live_run.refresh_from_db()
     assert live_run.status == RunStatus.SUCCESS
     assert live_run.error_code == ""

@@ -108,6 +108,25 @@ def test_run_agent_command_prints_the_run_id_and_the_outcome():
 
 @runs_for_real
 @pytest.mark.parametrize(
+    "script, status, returncode",
+    [
+        ([{"fail": "error", "message": "The model broke."}], RunStatus.ERROR, 2),
+        ([{"call": "issue_refund", "args": {"order_id": "A-1001", "amount_cents": 25_000}}, SAY_DONE],
+         RunStatus.WAITING, 3),
+    ],
+)
+def test_run_agent_wait_exits_non_zero_unless_the_run_succeeded(script, status, returncode, capsys):
+    with pytest.raises(CommandError) as exited:
+        call_command("run_agent", "support", "Refund A-1001", "--owner", "alice", "--inline",
+                     "--script", json.dumps(script))
+    assert exited.value.returncode == returncode
+    run = AgentRun.objects.get()
+    assert run.status == status
+    assert f"status: {status}" in capsys.readouterr().out
+
+
+@runs_for_real
+@pytest.mark.parametrize(
     "args, words",
     [
         (["nope", "hi", "--owner", "alice"], "no agent named 'nope'"),
@@ -158,6 +177,43 @@ def test_seed_demo_really_runs_the_agent_once():
     assert AgentRun.objects.count() == 5
 
 
+@pytest.mark.slow
+@runs_for_real
+def test_the_demo_ends_well_when_a_person_acts(admin_user):
+    """The seeded failures are transient: a forced replay of the one that failed after send_email
+    finishes with the email served from its record, a resume of the other finishes; a rejected
+    refund is reported as not made."""
+    from runs import approvals, executor, services
+    from runs.models import ToolCallStatus
+
+    call_command("seed_demo")
+    runs = {run.config["message"]: run for run in AgentRun.objects.filter(agent_name="support")}
+    after_email = runs["Omar's invoice is wrong."]
+    replay = services.replay_run(after_email.run_id, actor=admin_user, force=True, reason="The demo's outage is over.")
+    executor.execute(replay.run_id)
+    replay.refresh_from_db()
+    assert replay.status == RunStatus.SUCCESS, (replay.error_code, replay.error_message)
+    assert replay.result == "I corrected Omar's invoice and emailed him about it."
+    email = replay.tool_calls.get(tool_name="send_email")
+    assert email.status == ToolCallStatus.DEDUPLICATED  # served from the original's record: sent once
+
+    before_tools = runs["Omar cannot log in."]
+    resumed = services.resume_run(before_tools.run_id, actor=admin_user)
+    executor.execute(resumed.run_id)
+    resumed.refresh_from_db()
+    assert (resumed.status, resumed.result) == (RunStatus.SUCCESS, "I have sent Omar a link to reset his password.")
+
+    waiting = runs["Jane was charged twice for order A-1001."]
+    (pending,) = waiting.pending_calls.all()
+    approvals.decide_call(run_id=waiting.run_id, call_id=pending.call_id, actor=admin_user, decision="reject",
+                          note="Charged once only.")
+    executor.execute(waiting.run_id)
+    waiting.refresh_from_db()
+    assert waiting.status == RunStatus.SUCCESS
+    assert waiting.result == "The refund of 250.00 for order A-1001 was rejected, so no refund was made."
+    assert waiting.tools_executed == ["lookup_customer"]
+
+
 @pytest.mark.django_db
 def test_ensure_admin_creates_the_superuser_once(monkeypatch, capsys, django_user_model):
     monkeypatch.setenv("ADMIN_PASSWORD", "s3cret-demo-pass")
@@ -199,3 +255,17 @@ def test_runs_are_read_only_records_in_the_admin(admin_client):
     for model in ("adksession", "adkevent", "outboxemail", "crmnote"):
         assert admin_client.get(reverse(f"admin:agents_{model}_changelist")).status_code == 200
         assert admin_client.get(reverse(f"admin:agents_{model}_add")).status_code == 403
+
+
+@pytest.mark.django_db
+def test_ensure_admin_resets_a_lost_password(monkeypatch, capsys, django_user_model):
+    monkeypatch.setenv("ADMIN_PASSWORD", "first-pass-123")
+    call_command("ensure_admin")
+    monkeypatch.delenv("ADMIN_PASSWORD")
+    capsys.readouterr()
+    call_command("ensure_admin")
+    assert "ensure_admin --reset-password" in capsys.readouterr().out
+    call_command("ensure_admin", "--reset-password")
+    password = capsys.readouterr().out.split("New password for 'admin': ")[1].split()[0]
+    admin = django_user_model.objects.get(username="admin")
+    assert admin.check_password(password) and not admin.check_password("first-pass-123")

@@ -105,14 +105,18 @@ def api_server_error(request, *args, **kwargs):
     return server_error(request, *args, **kwargs)
 
 
+def invalid_host_body() -> dict:
+    # The host is not echoed: the client sent it, and the Host header is not the place to learn names.
+    return {"code": "invalid_host", "detail": "The request's Host header is not one this server answers to "
+            "(ALLOWED_HOSTS)."}
+
+
 def api_bad_request(request, exception, *args, **kwargs):
     """handler400: a suspicious request (an unknown Host, a bad multipart boundary) under /api/ answers JSON."""
     if not request.path.startswith("/api/"):
         return bad_request(request, exception, *args, **kwargs)
     if isinstance(exception, DisallowedHost):
-        # The host is not echoed: the client sent it, and the Host header is not the place to learn names.
-        body = {"code": "invalid_host", "detail": "The request's Host header is not one this server answers to "
-                "(ALLOWED_HOSTS)."}
+        body = invalid_host_body()
     else:
         body = {"code": "bad_request", "detail": "The request is malformed and was refused."}
     return JsonResponse(body, status=400)

@@ -119,6 +119,17 @@ def _parse_float(text: str) -> float:
     return number
 
 
+def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
+    # Which of two values "wins" is each reader's choice (Python's json the last, others the first):
+    # a body that means two things to two readers is refused, not read one way.
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        repeated = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise UnsafeInput(f"The key {repeated[:64]!r} appears twice in one JSON object; send it once.")
+    return value
+
+
 def loads(data: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
     """Decode JSON strictly. Raises UnsafeInput (a ValueError) with a sentence for any refusal."""
     if isinstance(data, bytes | bytearray):
@@ -132,7 +143,8 @@ def loads(data: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
     if _depth_problem(text, max_depth):
         raise UnsafeInput(f"The JSON is nested more than {max_depth} levels deep.")
     try:
-        value = json.loads(text, parse_constant=_refuse_constant, parse_int=_parse_int, parse_float=_parse_float)
+        value = json.loads(text, parse_constant=_refuse_constant, parse_int=_parse_int, parse_float=_parse_float,
+                           object_pairs_hook=_refuse_duplicate_keys)
     except UnsafeInput:
         raise
     except json.JSONDecodeError as exc:

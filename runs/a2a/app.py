@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agents.registry import UnknownAgentError, get_agent_spec
-from config.lib.auth import ExpiringTokenAuthentication
+from config.lib.auth import authenticate_key
 from runs.a2a.handler import LedgerRequestHandler
 
 SCHEME = "ledgerToken"
@@ -44,8 +44,8 @@ def _rpc_error(status: int, message: str, *, code: int = -32600, headers: dict |
                         status_code=status, headers=headers)
 
 
-def _user_of(key: str) -> Any:
-    user, _token = ExpiringTokenAuthentication().authenticate_credentials(key)
+def _user_of(key: str, address: str | None) -> Any:
+    user, _token = authenticate_key(key, address=address)
     return user
 
 
@@ -56,7 +56,7 @@ async def authenticate(request: Request) -> Any:
         raise drf_exceptions.NotAuthenticated(
             "Authentication credentials were not provided: send Authorization: Token <your API token>."
         )
-    return await sync_to_async(_user_of)(words[1])
+    return await sync_to_async(_user_of)(words[1], request.client.host if request.client else None)
 
 
 class LedgerContextBuilder(DefaultServerCallContextBuilder):

@@ -20,7 +20,7 @@ import pydantic_core
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, ValidationError
-from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from google.adk.auth.auth_credential import _redact_credential_secrets
 from google.adk.cli.api_server import CreateSessionRequest, RunAgentRequest
@@ -330,15 +330,22 @@ class _Source:
             chat_task.add_done_callback(stream.chat._running.discard)
 
 
-@csrf_exempt
-async def run(request: HttpRequest):
+async def _opened(request: HttpRequest) -> _Source | HttpResponse:
+    """The turn a POST to `/run` or `/run_sse` begins, or the response that refuses it."""
     if refused := _methods(request, "POST"):
         return refused
     try:
         user, kind, begun, seen = await _begin(request)
     except Exception as exc:  # noqa: BLE001 - translated once
         return error_response(exc)
-    source = _Source(user, kind, begun, seen)
+    return _Source(user, kind, begun, seen)
+
+
+@csrf_exempt
+async def run(request: HttpRequest):
+    source = await _opened(request)
+    if isinstance(source, HttpResponse):
+        return source
     try:
         events = [item async for item in source.events() if item is not None]
         source.done = True
@@ -346,7 +353,7 @@ async def run(request: HttpRequest):
         # Cancelled (the client left, and Django cancels the view): the run is cancelled too.
         source.left()
     response = JsonResponse(events, safe=False)
-    response["X-Run-Id"] = str(begun.run_id)
+    response["X-Run-Id"] = str(source.run.run_id)
     return response
 
 
@@ -382,10 +389,7 @@ class RunStream(StreamingHttpResponse):
 
 @csrf_exempt
 async def run_sse(request: HttpRequest):
-    if refused := _methods(request, "POST"):
-        return refused
-    try:
-        user, kind, begun, seen = await _begin(request)
-    except Exception as exc:  # noqa: BLE001 - translated once
-        return error_response(exc)
-    return RunStream(_Source(user, kind, begun, seen))
+    source = await _opened(request)
+    if isinstance(source, HttpResponse):
+        return source
+    return RunStream(source)

@@ -25,8 +25,8 @@ def approvals_context(run: AgentRun, *, user) -> dict:
     return {
         "waiting_calls": [call for call in calls if call.is_open],
         "answered_calls": [call for call in calls if not call.is_open],
-        "can_approve": permissions.may_approve(user=user),
-        "can_answer": permissions.may_answer(user=user),
+        "can_approve": permissions.may_decide_on(user=user, run=run),
+        "can_answer": permissions.may_answer(user=user, run=run),
         "max_decision_note_chars": approvals.NOTE_MAX_CHARS,
     }
 
@@ -47,6 +47,8 @@ def answer_call_view(modeladmin, request, object_id: str, call_id: str):
     run = modeladmin.get_object(request, unquote(object_id))
     if run is None or not modeladmin.has_view_permission(request, run):
         raise Http404("No such run.")
+    # Quoted as the admin quotes keys: a call id may hold `/` (ADK leaves ids to the model or tool).
+    call_id = unquote(call_id)
     try:
         if "result" in request.POST:
             pending: PendingCall = approvals.give_result(

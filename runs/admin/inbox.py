@@ -24,6 +24,7 @@ from django.utils.html import format_html, format_html_join
 from agents.registry import runnable_agents
 from config.lib.admin import (
     CappedCountPaginator,
+    CheckedSelectionMixin,
     ObjectButton,
     PrimaryKeySearchMixin,
     ReadOnlyAdminMixin,
@@ -86,7 +87,7 @@ class WebhookSourceForm(forms.ModelForm):
 
 
 @admin.register(WebhookSource)
-class WebhookSourceAdmin(OwnerCheckedAdminMixin, admin.ModelAdmin):
+class WebhookSourceAdmin(CheckedSelectionMixin, OwnerCheckedAdminMixin, admin.ModelAdmin):
     form = WebhookSourceForm
     list_display = ["slug", "name", "agent_name", "owner_id", "signature_scheme", "message_id_location",
                     "expects_attachments", "enabled", "secret_state", "endpoint"]
@@ -220,7 +221,7 @@ def stored_attachment_path(entry: dict) -> Path | None:
 
 
 @admin.register(WebhookEvent)
-class WebhookEventAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+class WebhookEventAdmin(CheckedSelectionMixin, PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     """Records, not forms: the desk's actions are the only way to act on an event."""
 
     list_display = ["short_id", "status", "source", "external_id", "attempts", "next_attempt_at",

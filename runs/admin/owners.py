@@ -10,13 +10,16 @@ from __future__ import annotations
 from django import forms
 from django.contrib import admin
 
+from config.lib.admin import CheckedSelectionMixin
 from runs import permissions
+from runs.faults import faults_in, may_place_faults
 from runs.models import OwnerGrant
-from runs.refusals import OwnerNotPermitted
+from runs.refusals import FaultsNotPermitted, OwnerNotPermitted
 
 
 def owner_checked(form_class: type[forms.ModelForm], *, actor) -> type[forms.ModelForm]:
-    """`form_class`, refusing an `owner_id` that `actor` may not act for (an error on the field, naming it)."""
+    """`form_class`, refusing an `owner_id` that `actor` may not act for (an error on the field, naming it)
+    and `params` carrying scripted faults when `actor` may not place them (`runs.faults`)."""
 
     class OwnerCheckedForm(form_class):
         def clean(self):
@@ -26,6 +29,11 @@ def owner_checked(form_class: type[forms.ModelForm], *, actor) -> type[forms.Mod
                 owner_id = owner_id.strip()
                 if not permissions.may_act_for_owner(user=actor, owner_id=owner_id):
                     self.add_error("owner_id", OwnerNotPermitted(owner_id).admin_detail)
+            # Saved params run later with no person behind them (a schedule, a webhook source): a
+            # scripted fault in them is placed now, by whoever saves them, under the same permission.
+            placed = faults_in(cleaned.get("params"))
+            if placed and not may_place_faults(actor):
+                self.add_error("params", FaultsNotPermitted(placed).admin_detail)
             return cleaned
 
     OwnerCheckedForm.__name__ = form_class.__name__
@@ -33,14 +41,15 @@ def owner_checked(form_class: type[forms.ModelForm], *, actor) -> type[forms.Mod
 
 
 class OwnerCheckedAdminMixin:
-    """A ModelAdmin whose form refuses an owner the staff member saving it may not act for."""
+    """A ModelAdmin whose form refuses an owner the staff member saving it may not act for, and
+    params with scripted faults they may not place."""
 
     def get_form(self, request, obj=None, change=False, **kwargs):
         return owner_checked(super().get_form(request, obj, change=change, **kwargs), actor=request.user)
 
 
 @admin.register(OwnerGrant)
-class OwnerGrantAdmin(OwnerCheckedAdminMixin, admin.ModelAdmin):
+class OwnerGrantAdmin(CheckedSelectionMixin, OwnerCheckedAdminMixin, admin.ModelAdmin):
     """Configuration, not a record: grants are added, changed and taken back here."""
 
     list_display = ["user", "owner_id", "granted_by", "note", "created_at"]

@@ -6,6 +6,7 @@ Also the stored input file's download, which never reveals the path on disk.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -16,10 +17,11 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from agents.workflow_html import GRAPH_CSS, render_graph
-from runs import chain
+from config.lib.admin import ObjectButton
+from runs import chain, permissions
 from runs import replay as rules
 from runs.admin.actions import change_url
-from runs.models import AgentRun
+from runs.models import UNSETTLED, AgentRun, RunStatus
 
 
 def tools_label(run: AgentRun) -> str:
@@ -144,3 +146,75 @@ def decision_now(run: AgentRun) -> dict:
         "preview": rules.preview(facts),
         "facts": facts,
     }
+
+
+# --- The top of the run page: the outcome in words, then what needs a person ---------------------
+
+# ADK's names for its own machinery: a support person is never shown them.
+PLUMBING_WORDS = ("adk_request_confirmation", "FunctionResponse", "ToolConfirmation", "originalFunctionCall",
+                  "function_call", "function_response")
+STATUS_TONES = {"success": "good", "error": "bad", "cancelled": "quiet", "waiting": "attention",
+                "running": "busy", "queued": "busy"}
+
+
+def plain_hint(hint: str) -> str:
+    """The tool's hint without ADK's sentences on how to answer it through its API."""
+    sentences = re.split(r"(?<=[.!?])\s+", hint or "")
+    return " ".join(s for s in sentences if not any(word in s for word in PLUMBING_WORDS)).strip()
+
+
+def chain_end(run: AgentRun) -> dict | None:
+    """Where the work this run started ended: its newest successor, followed down to the last one."""
+    node, hops, last = run, 0, None
+    while hops < MAX_CHAIN_RUNS:
+        found = chain.successors(node)
+        if not found:
+            break
+        last = found[0]
+        node = AgentRun(run_id=last.run_id, status=last.status)
+        hops += 1
+    if last is None:
+        return None
+    how = "resumed" if AgentRun.objects.filter(pk=last.run_id, resume_of__isnull=False).exists() else "replayed"
+    return {"run_id": last.run_id, "status": last.status, "how": how, "hops": hops,
+            "url": change_url(AgentRun(run_id=last.run_id))}
+
+
+def outcome_context(run: AgentRun, *, waiting_calls, calls_in_doubt) -> dict:
+    """The page's first lines: the status, the outcome in words, and where the chain ended."""
+    if run.status == "success":
+        words = run.result or "It finished without a final answer."
+    elif run.status in ("error", "cancelled"):
+        words = " ".join(filter(None, [run.error_message or run.error_code or run.status]))
+    elif run.status == "waiting":
+        words = "It waits for a person; nothing it was asked about has run."
+    else:
+        words = "It is queued for a worker." if run.status == "queued" else "A worker is running it now."
+    for call in waiting_calls:
+        call.plain_hint = plain_hint(call.hint)
+    return {
+        "tools_ran_label": tools_label(run),
+        "status_tone": STATUS_TONES.get(run.status, "quiet"),
+        "outcome_words": words,
+        "needs_you": bool(waiting_calls or calls_in_doubt),
+        "chain_end": chain_end(run) if run.status not in ("queued", "running", "waiting") else None,
+    }
+
+
+def page_buttons(modeladmin, request, run: AgentRun, *, decision: dict, resume_decision) -> list[ObjectButton]:
+    """The run page's buttons: what the rules allow now; what they refuse is shown greyed, with why.
+
+    The reasons are the rules' own (runs.replay.decide, runs.resume.decide_resume), never re-derived."""
+    buttons = []
+    if modeladmin.has_replay_permission(request, run):
+        buttons.append(ObjectButton("replay_selected", "Replay", "replay-button",
+                                    "" if decision["allowed"] else decision["message"]))
+    if modeladmin.has_force_replay_permission(request):
+        buttons.append(ObjectButton("force_replay_selected", "Force replay…", "force-replay-button",
+                                    "" if decision["force_would_replay"] else decision["force_message"]))
+    if run.status in UNSETTLED and modeladmin.has_cancel_permission(request, run):
+        buttons.append(ObjectButton("cancel_selected", "Cancel run", "cancel-button"))
+    elif run.status in (RunStatus.ERROR, RunStatus.CANCELLED) and permissions.may_resume(actor=request.user, run=run):
+        refused = "" if resume_decision is None or resume_decision.allowed else resume_decision.refusal.admin_detail
+        buttons.append(ObjectButton("resume_selected", "Resume…", "resume-button", refused))
+    return buttons

@@ -1,5 +1,6 @@
 """The run ledger in the admin: the run list and the run page (records, never forms)."""
 
+import json
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
@@ -7,28 +8,30 @@ from django.db.models import OuterRef, Subquery
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 
 from agents import services as agent_services
 from config.lib.admin import (
     CappedCountPaginator,
-    ObjectButton,
+    CheckedSelectionMixin,
     PrimaryKeySearchMixin,
     ReadOnlyAdminMixin,
     object_buttons,
 )
-from runs import permissions, reconcile, resume, timeline
+from runs import call_states, permissions, reconcile, resume, timeline
 from runs.admin import actions, approvals, live, run_page, settle
 from runs.admin.filters import AgentFilter, DeskFilter, StaleRunningFilter, ToolsStateFilter
 from runs.admin.resume import resume_selected
 from runs.models import UNSETTLED, AgentRun, ToolCall
+from runs.templatetags import ledger
 
 
 class ToolCallInline(ReadOnlyAdminMixin, admin.TabularInline):
     model = ToolCall
     verbose_name = "tool call"
     verbose_name_plural = "tool journal"
-    fields = ["seq", "tool_name", "agent_name", "call_id", "args", "effect_class", "status", "doubt", "called_at",
-              "answered_at", "response_summary", "settlement"]
+    # Few columns, each wide enough for its words: the call id and agent sit under the tool's name.
+    fields = ["seq", "tool", "arguments", "effect_class", "state", "called", "answer", "settlement"]
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -37,9 +40,28 @@ class ToolCallInline(ReadOnlyAdminMixin, admin.TabularInline):
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("run")
 
-    @admin.display(description="in doubt")
-    def doubt(self, call: ToolCall) -> str:
-        return "yes: called, never answered" if call.in_doubt else ""
+    @admin.display(description="tool")
+    def tool(self, call: ToolCall) -> str:
+        agent = f"by {call.agent_name} · " if call.agent_name else ""
+        return format_html('<strong>{}</strong><div class="help">{}{}</div>', call.tool_name, agent, call.call_id)
+
+    @admin.display(description="arguments")
+    def arguments(self, call: ToolCall) -> str:
+        return format_html('<code class="call-data">{}</code>', json.dumps(call.args, ensure_ascii=False))
+
+    @admin.display(description="answer")
+    def answer(self, call: ToolCall) -> str:
+        return format_html('<code class="call-data">{}</code>', call.response_summary) if call.response_summary else "—"
+
+    @admin.display(description="state")
+    def state(self, call: ToolCall) -> str:
+        # runs.call_states: the same words the API's `state` and the run list say.
+        state = call_states.states_of(call.run, [call])[call.call_id]
+        return ledger.badge(state.label, state.tone)
+
+    @admin.display(description="called")
+    def called(self, call: ToolCall) -> str:
+        return ledger.when(call.called_at)
 
     @admin.display(description="effect")
     def effect_class(self, call: ToolCall) -> str:
@@ -57,20 +79,19 @@ class ToolCallInline(ReadOnlyAdminMixin, admin.TabularInline):
         if not call.settled_outcome:
             return ""
         who = call.settled_by.get_username() if call.settled_by else "?"
-        return f"{call.get_settled_outcome_display()} — {who}, {call.settled_at:%Y-%m-%d %H:%M} UTC: {call.settle_note}"
+        return f"{call.get_settled_outcome_display()} — {who}, {ledger.when(call.settled_at)}: {call.settle_note}"
 
 
 @admin.register(AgentRun)
-class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+class AgentRunAdmin(CheckedSelectionMixin, PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     change_form_template = "admin/runs/agentrun/change_form.html"
     list_display = [
         "short_id",
-        "status",
+        "status_badge",
         "agent_name",
         "trigger",
         "owner_id",
         "tools_called",
-        "attempts",
         "created",
         "duration",
         "error_code_label",
@@ -88,6 +109,9 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
     paginator = CappedCountPaginator
     ordering = ["-created_at"]
     inlines = [ToolCallInline]
+
+    class Media:
+        css = {"all": ["runs/ledger.css"]}
     actions = [actions.replay_selected, actions.force_replay_selected, actions.cancel_selected,
                actions.reconcile_stale_runs_now, resume_selected]
     fieldsets = [
@@ -123,7 +147,9 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
 
     def get_queryset(self, request):
         latest_replay = AgentRun.objects.filter(replay_of=OuterRef("pk")).order_by("-created_at").values("pk")[:1]
-        return super().get_queryset(request).annotate(latest_replay_id=Subquery(latest_replay))
+        latest_resume = AgentRun.objects.filter(resume_of=OuterRef("pk")).order_by("-created_at").values("pk")[:1]
+        return super().get_queryset(request).annotate(latest_replay_id=Subquery(latest_replay),
+                                                      latest_resume_id=Subquery(latest_resume))
 
     def changelist_view(self, request, extra_context=None):
         # The list's eleven columns and its filters need the width the navigation sidebar would take
@@ -181,34 +207,33 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
         run = self.get_object(request, unquote(object_id))
         extra_context = dict(extra_context or {})
         if run is not None and self.has_view_permission(request, run):
+            decision = run_page.decision_now(run)
+            resume_decision = resume.decide_resume(run)
+            waits = approvals.approvals_context(run, user=request.user)
+            doubts = settle.settle_context(run, decision["facts"], user=request.user)
+            buttons = run_page.page_buttons(self, request, run, decision=decision, resume_decision=resume_decision)
             extra_context.update(
                 timeline=timeline.timeline_items(timeline.run_events(run), error_code=run.error_code),
                 replay_chain=run_page.replay_chain(run),
-                decision=(decision := run_page.decision_now(run)),
-                resume_decision=resume.decide_resume(run),
-                **settle.settle_context(run, decision["facts"], user=request.user),
-                **approvals.approvals_context(run, user=request.user),
+                decision=decision,
+                resume_decision=resume_decision,
+                **doubts,
+                **waits,
+                **run_page.outcome_context(run, waiting_calls=waits["waiting_calls"],
+                                           calls_in_doubt=doubts["calls_in_doubt"]),
                 can_force=self.has_force_replay_permission(request),
-                **object_buttons(self, self.page_buttons(request, run)),
+                **object_buttons(self, buttons),
                 **run_page.workflow_steps_context(run),
                 # While it runs, the page polls the live panel instead of showing a still timeline.
                 **(live.live_context(run) if run.status in UNSETTLED else {}),
             )
         return super().change_view(request, object_id, form_url, extra_context)
 
-    def page_buttons(self, request, run: AgentRun) -> list[ObjectButton]:
-        buttons = []
-        if self.has_replay_permission(request, run):
-            buttons.append(ObjectButton("replay_selected", "Replay", "replay-button"))
-        if self.has_force_replay_permission(request):
-            buttons.append(ObjectButton("force_replay_selected", "Force replay…", "force-replay-button"))
-        if run.status in UNSETTLED and self.has_cancel_permission(request, run):
-            buttons.append(ObjectButton("cancel_selected", "Cancel run", "cancel-button"))
-        elif run.status != "success":
-            buttons.append(ObjectButton("resume_selected", "Resume…", "resume-button"))
-        return buttons
-
     # --- Columns and fields ---
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, run: AgentRun) -> str:
+        return ledger.badge(run.status)
 
     @admin.display(description="run", ordering="run_id")
     def short_id(self, run: AgentRun) -> str:
@@ -216,7 +241,9 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
 
     @admin.display(description="tools called")
     def tools_called(self, run: AgentRun) -> str:
-        return run_page.tools_label(run)
+        # Each tool's name on one line: the cell wraps between tools, never inside a name.
+        names = run_page.tools_label(run).split(", ")
+        return format_html_join(", ", '<span class="nowrap">{}</span>', ((name,) for name in names))
 
     @admin.display(description="model retries")
     def model_retries_summary(self, run: AgentRun) -> str:
@@ -233,7 +260,7 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
     def created(self, run: AgentRun) -> str:
         # One line at any width: the date and minute in the desk's time zone, the seconds on hover.
         local = timezone.localtime(run.created_at)
-        return format_html('<span class="nowrap" title="{}">{}</span>', local.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        return format_html('<span class="nowrap" title="{}">{}</span>', ledger.when(run.created_at),
                            local.strftime("%Y-%m-%d %H:%M"))
 
     @admin.display(description="error", ordering="error_code")
@@ -251,7 +278,10 @@ class AgentRunAdmin(PrimaryKeySearchMixin, ReadOnlyAdminMixin, admin.ModelAdmin)
         if run.resume_of_id is not None:
             url = reverse("admin:runs_agentrun_change", args=[run.resume_of_id])
             parts.append(format_html('resume of <a href="{}">{}</a>', url, str(run.resume_of_id)[:8]))
-        return format_html_join(format_html("<br>"), "{}", ((part,) for part in parts)) if parts else "—"
+        if getattr(run, "latest_resume_id", None) is not None:
+            url = reverse("admin:runs_agentrun_change", args=[run.latest_resume_id])
+            parts.append(format_html('resumed by <a href="{}">{}</a>', url, str(run.latest_resume_id)[:8]))
+        return format_html_join(mark_safe("<br>"), "{}", ((part,) for part in parts)) if parts else "—"
 
     @admin.display(description="replay of", ordering="replay_of")
     def replay_of_link(self, run: AgentRun) -> str:

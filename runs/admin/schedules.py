@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 
-from config.lib.admin import ReadOnlyAdminMixin
+from config.lib.admin import CheckedSelectionMixin, ReadOnlyAdminMixin
 from runs.admin.filters import SkippedRecentlyFilter
 from runs.admin.owners import OwnerCheckedAdminMixin
 from runs.models import RunSchedule, ScheduleFiring
@@ -39,7 +39,7 @@ def _run_link(run_id) -> str:
 
 
 @admin.register(RunSchedule)
-class RunScheduleAdmin(OwnerCheckedAdminMixin, admin.ModelAdmin):
+class RunScheduleAdmin(CheckedSelectionMixin, OwnerCheckedAdminMixin, admin.ModelAdmin):
     """Staff schedule an agent or a workflow; each firing is a run with trigger `schedule`.
 
     Its runs have no actor, so the owner they act for is checked here: only a staff member who

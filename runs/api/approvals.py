@@ -13,7 +13,10 @@ from runs.api.serializers import AnsweredCallSerializer, CallResultSerializer, D
 
 
 class CallAnswerActions:
-    """Mixed into the runs viewset: a person's decision on a call that waits, a long-running call's result."""
+    """Mixed into the runs viewset: a person's decision on a call that waits, a long-running call's result.
+
+    A call id is whatever the model or tool gave ADK, `/` included (sent as `%2F`, decoded before
+    routing): the route takes it whole."""
 
     def _answered(self, pending) -> Response:
         pending.run.refresh_from_db(fields=["status"])
@@ -36,7 +39,7 @@ class CallAnswerActions:
         examples=[OpenApiExample("Approve", value={"decision": "approve", "note": "Order checked: refund is due."},
                                  request_only=True)],
     )
-    @action(detail=True, methods=["post"], url_path=r"calls/(?P<call_id>[^/]+)/decision", url_name="call-decision")
+    @action(detail=True, methods=["post"], url_path=r"calls/(?P<call_id>.+)/decision", url_name="call-decision")
     def decision(self, request, run_id=None, call_id=None):
         serializer = DecisionSerializer(data=request.data, context=self.get_serializer_context())
         serializer.is_valid(raise_exception=True)
@@ -61,7 +64,7 @@ class CallAnswerActions:
         examples=[OpenApiExample("Label", value={"result": {"label_url": "https://carrier.example/label/123"}},
                                  request_only=True)],
     )
-    @action(detail=True, methods=["post"], url_path=r"calls/(?P<call_id>[^/]+)/result", url_name="call-result")
+    @action(detail=True, methods=["post"], url_path=r"calls/(?P<call_id>.+)/result", url_name="call-result")
     def result(self, request, run_id=None, call_id=None):
         serializer = CallResultSerializer(data=request.data, context=self.get_serializer_context())
         serializer.is_valid(raise_exception=True)

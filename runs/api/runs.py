@@ -17,6 +17,7 @@ from config.lib.api_errors import InvalidCursor, errors
 from config.lib.parsers import BoundedMultiPartParser, StrictJSONParser
 from config.lib.serializers import EmptySerializer
 from config.lib.throttles import REPLAY, START_RUN, ScopedUserRateThrottle
+from config.lib.uploads import name_as_sent
 from runs import effects, reconcile, services, timeline, visibility
 from runs.api.approvals import CallAnswerActions
 from runs.api.serializers import (
@@ -30,6 +31,7 @@ from runs.api.serializers import (
     ToolCallSerializer,
 )
 from runs.models import AgentRun, RunStatus, RunStep, ToolCall, Trigger
+from runs.public_text import public_event_error
 from runs.refusals import REPLAY_REFUSAL_ORDER, RESUME_REFUSAL_ORDER, said_in_order
 
 CURSOR_FORMAT = "cursor"
@@ -198,7 +200,7 @@ class RunViewSet(CallAnswerActions, mixins.ListModelMixin, mixins.RetrieveModelM
             owner_id=data["owner_id"],
             params=data.get("params"),
             file=upload,
-            file_name=upload.name if upload is not None else None,
+            file_name=name_as_sent(upload) if upload is not None else None,
             created_by=request.user,
         )
         return self._run_response(run)
@@ -332,11 +334,21 @@ class RunViewSet(CallAnswerActions, mixins.ListModelMixin, mixins.RetrieveModelM
 
     @extend_schema(
         summary="The run's ADK session events",
-        description="What the user said (attachments described, not copied), model text, calls, responses, errors.",
+        description=(
+            "What the user said (attachments described, not copied), model text, calls, responses, errors. An "
+            "error raised in the agent's code reads as `agent_error` with the run page's words; its class and "
+            "text stay on the run's page in the admin."
+        ),
         responses={200: RunEventsSerializer, **errors(401, 404)},
     )
     @action(detail=True, methods=["get"])
     def events(self, request, run_id=None):
         run = self.get_object()
-        body = {"run_id": run.run_id, "session_id": run.session_id, "events": timeline.run_events(run)}
+        events = [
+            {**event, **dict(zip(("error_code", "error_message"),
+                                 public_event_error(error_code=event["error_code"], error_message=event["error_message"]),
+                                 strict=True))}
+            for event in timeline.run_events(run)
+        ]
+        body = {"run_id": run.run_id, "session_id": run.session_id, "events": events}
         return Response(RunEventsSerializer(body).data)

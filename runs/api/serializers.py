@@ -21,7 +21,7 @@ from config.lib.serializers import (
     StrictSerializer,
 )
 from config.lib.user_params import SCRIPT_KEYS, scripts_refusal
-from runs import approvals, resume
+from runs import approvals, call_states, resume
 from runs import replay as rules
 from runs.effects import MAX_NOTE_CHARS
 from runs.models import AgentRun, Decision, EffectsChoice, PendingCall, Recovery, RunStep, SettledOutcome, ToolCall
@@ -181,7 +181,9 @@ class ReplayRequestSerializer(StrictSerializer):
     force = StrictBooleanField(required=False, default=False, help_text="Override a refusal (needs the permission).")
     reason = StrictCharField(
         required=False, default="", allow_blank=True, max_length=MAX_FORCE_REASON_CHARS,
-        help_text="Why forcing is acceptable; required with force.",
+        schema={"format": PLAIN_WORDS},
+        help_text="Why forcing is acceptable; required with force. Plain text (line breaks and tabs are fine; other "
+                  "control characters and invisible formatting characters such as bidi overrides are refused).",
     )
     effects = serializers.ChoiceField(
         choices=EffectsChoice.choices, required=False, default=EffectsChoice.REUSE,
@@ -258,6 +260,9 @@ class ToolCallSerializer(serializers.ModelSerializer):
         help_text="The run is over, no person settled it, and it never answered or its effect never finished.",
     )
     effect = serializers.SerializerMethodField(help_text="read_only, idempotent or effectful, as at call time.")
+    state = serializers.SerializerMethodField(
+        help_text="What became of the call (runs.call_states): " + ", ".join(call_states.LABELS) + "."
+    )
     settled_by = serializers.SlugRelatedField(**_username)
     settled_outcome = serializers.ChoiceField(
         choices=SettledOutcome.choices, allow_blank=True, read_only=True, help_text="Empty until a person settles it."
@@ -265,10 +270,14 @@ class ToolCallSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = ToolCall
-        fields = ["seq", "call_id", "tool_name", "agent_name", "args", "effect", "effect_key", "status", "in_doubt",
+        fields = ["seq", "call_id", "tool_name", "agent_name", "args", "effect", "effect_key", "status", "state", "in_doubt",
                   "called_at", "answered_at", "response_summary", "settled_outcome", "settled_by", "settled_at",
                   "settle_note"]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.ChoiceField(choices=list(call_states.LABELS)))
+    def get_state(self, call: ToolCall) -> str:
+        return call_states.states_of(call.run, [call])[call.call_id].code
 
     def get_effect(self, call: ToolCall) -> str:
         # Not known at call time (e.g. a journal written before effect classes existed) is effectful.
@@ -357,7 +366,7 @@ class RunStepSerializer(serializers.ModelSerializer):
 
 
 class ModelRetrySerializer(serializers.Serializer):
-    """One model call sent again at the model-call boundary (README, "Retries that cannot repeat a side effect")."""
+    """One model call sent again at the model-call boundary (docs/runs.md, "Retries that cannot repeat a side effect")."""
 
     reason = serializers.CharField(help_text="What the provider answered: rate_limit, empty_turn, stopped, "
                                              "malformed_function_call, recitation, server_error, connection_lost, "
@@ -377,7 +386,8 @@ class DecisionSerializer(StrictSerializer):
         help_text="approve: the call runs (under every rule); reject: the model is told it was rejected.",
     )
     note = StrictCharField(required=False, allow_blank=True, max_length=approvals.NOTE_MAX_CHARS,
-                           trim_whitespace=False, help_text="Why (recorded with the decision).")
+                           trim_whitespace=False, schema={"format": PLAIN_WORDS},
+                           help_text="Why (recorded with the decision): plain text (line breaks and tabs are fine; other control characters and invisible formatting characters such as bidi overrides are refused).")
     payload = serializers.JSONField(required=False, allow_null=True,
                                     help_text="What the tool asked for (its confirmation payload), if anything.")
 
@@ -388,7 +398,8 @@ class CallResultSerializer(StrictSerializer):
                                    help_text="The long-running call's answer: the function response the model sees "
                                              "(an object; anything else, null included, is sent as {\"result\": …}).")
     note = StrictCharField(required=False, allow_blank=True, max_length=approvals.NOTE_MAX_CHARS,
-                           trim_whitespace=False)
+                           trim_whitespace=False, schema={"format": PLAIN_WORDS},
+                           help_text="Plain text (line breaks and tabs are fine; other control characters and invisible formatting characters such as bidi overrides are refused).")
 
 
 class PendingCallSerializer(serializers.ModelSerializer):

@@ -10,6 +10,8 @@ from runs.models.effects import EffectStatus, ToolEffect
 from runs.models.inbox import EventStatus, SignatureScheme, WebhookEvent, WebhookSource
 from runs.models.ledger import (
     IN_FLIGHT,
+    KEPT_ON_ANSWER,
+    NEVER_RAN,
     SETTLED,
     STREAMED_TRIGGERS,
     UNSETTLED,
@@ -30,6 +32,8 @@ from runs.models.tokens import ApiToken
 
 __all__ = [
     "IN_FLIGHT",
+    "KEPT_ON_ANSWER",
+    "NEVER_RAN",
     "SETTLED",
     "STREAMED_TRIGGERS",
     "UNSETTLED",

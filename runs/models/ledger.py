@@ -138,9 +138,12 @@ class AgentRun(models.Model):
     # sha256 of the agent's definition when the run started (agents.fingerprint): a resume
     # refuses a run whose agent has changed since.
     agent_fingerprint = models.CharField(max_length=64, blank=True)
-    # Why this run resumes its `resume_of`: "recovered" when the system continued a run that died
-    # (no person asked: `created_by` is empty); blank when a person resumed it.
+    # Why this run resumes its `resume_of`: "recovered" when the system continued a run that died;
+    # blank when a person resumed it.
     resume_reason = models.CharField(max_length=16, blank=True)
+    # The system wrote this run (a continuation after a death), not a person at a door: `created_by`
+    # is then the chain's person, whose owner rule the worker asks again before it runs.
+    continued_by_system = models.BooleanField(default=False)
     # On a run that died (reconciled, or aborted by a drain): whether the system continued it, will,
     # or left it for a person, and why (`recovery_detail`).
     recovery = models.CharField(max_length=16, choices=Recovery.choices, blank=True)
@@ -255,6 +258,17 @@ class ToolCallStatus(models.TextChoices):
     DEDUPLICATED = "deduplicated", "deduplicated (served from record)"
     # Answered with an error: its key was already used with other stable fields; the tool did not run.
     REFUSED = "refused", "refused (key used with other stable fields)"
+    # Asked a person first and still waiting: the tool has not run (runs.approvals.park_run).
+    WAITING = "waiting", "waiting for a person's approval (not run)"
+    # Rejected by a person, by the approval timeout, or closed by a cancel: the tool never ran.
+    NOT_RUN = "not_run", "not run (rejected, timed out or closed)"
+
+
+# The statuses of calls whose tool never ran: kept when ADK's own answer to them arrives, and
+# never counted in `tools_executed`.
+NEVER_RAN = (ToolCallStatus.WAITING.value, ToolCallStatus.NOT_RUN.value)
+# Statuses an answer event does not overwrite (the call was served from a record, refused, or never ran).
+KEPT_ON_ANSWER = (ToolCallStatus.DEDUPLICATED.value, ToolCallStatus.REFUSED.value, *NEVER_RAN)
 
 
 class SettledOutcome(models.TextChoices):

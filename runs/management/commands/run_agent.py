@@ -6,13 +6,19 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from runs import executor, services
-from runs.models import IN_FLIGHT, AgentRun
+from runs.models import IN_FLIGHT, AgentRun, RunStatus
+
+# --wait's exit status: 0 only when the run succeeded.
+EXIT_FAILED = 2  # the run ended `error` or `cancelled`
+EXIT_NOT_DONE = 3  # it waits for a person, or is still in flight when --timeout ran out
 
 
 class Command(BaseCommand):
     help = (
         "Start a run of a registered agent or a workflow. The run is written down (with a copy of --file) "
-        "before it is queued; --wait prints its outcome once a worker has settled it."
+        "before it is queued; --wait prints its outcome once a worker has settled it and exits 0 only if "
+        f"it succeeded ({EXIT_FAILED}: error or cancelled; {EXIT_NOT_DONE}: waiting for a person, or still "
+        "in flight at --timeout)."
     )
 
     def add_arguments(self, parser):
@@ -76,13 +82,18 @@ class Command(BaseCommand):
             while AgentRun.objects.filter(pk=run.run_id, status__in=IN_FLIGHT).exists():
                 if time.monotonic() > deadline:
                     raise CommandError(
-                        f"Run {run.run_id} is still in flight after {options['timeout']:g} s; is the worker running?"
+                        f"Run {run.run_id} is still in flight after {options['timeout']:g} s; is the worker running?",
+                        returncode=EXIT_NOT_DONE,
                     )
                 time.sleep(0.5)
         else:
             return
         run.refresh_from_db()
         self.stdout.write(describe(run))
+        if run.status == RunStatus.WAITING:
+            raise CommandError(f"Run {run.run_id} waits for a person (see the run page).", returncode=EXIT_NOT_DONE)
+        if run.status != RunStatus.SUCCESS:
+            raise CommandError(f"Run {run.run_id} did not succeed: {run.status}.", returncode=EXIT_FAILED)
 
 
 def describe(run: AgentRun) -> str:

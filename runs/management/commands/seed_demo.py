@@ -23,7 +23,9 @@ DEMO_RUNS = [
     (
         "Omar cannot log in.",
         "bob",
-        [{"fail": "error", "message": "The model service is unavailable (503)."}],
+        # Transient, as such outages are: a replay (or resume) of it goes on past this step.
+        [{"fail": "error", "message": "The model service is unavailable (503).", "once": True},
+         {"say": "I have sent Omar a link to reset his password."}],
     ),
     (
         "Omar's invoice is wrong.",
@@ -31,7 +33,8 @@ DEMO_RUNS = [
         [
             {"call": "lookup_customer", "args": {"email": "omar@example.com"}},
             {"call": "send_email", "args": REFUND_EMAIL},
-            {"fail": "error", "message": "The model service stopped answering mid-run."},
+            {"fail": "error", "message": "The model service stopped answering mid-run.", "once": True},
+            {"say": "I corrected Omar's invoice and emailed him about it."},
         ],
     ),
     # Above the approval threshold: the run waits on the desk for a person's approval.
@@ -41,7 +44,8 @@ DEMO_RUNS = [
         [
             {"call": "lookup_customer", "args": {"email": "jane@example.com"}},
             {"call": "issue_refund", "args": {"order_id": "A-1001", "amount_cents": 25_000}},
-            {"say": "I refunded 250.00 for order A-1001."},
+            {"say": "I refunded 250.00 for order A-1001.",
+             "if_rejected": "The refund of 250.00 for order A-1001 was rejected, so no refund was made."},
         ],
     ),
 ]

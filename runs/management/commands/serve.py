@@ -1,5 +1,7 @@
+import io
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -35,7 +37,7 @@ def agent_tools_line(spec) -> str:
 class Command(BaseCommand):
     help = (
         "Serve the app (ASGI, uvicorn), its worker processes (runworker) and the periodic jobs (django-q2's "
-        "qcluster) together until Ctrl-C. For production run the three as separate services (see the README)."
+        "qcluster) together until Ctrl-C. For production run the three as separate services (see docs/scale.md)."
     )
 
     def add_arguments(self, parser):
@@ -48,15 +50,19 @@ class Command(BaseCommand):
             help="first migrate, set up the periodic jobs, ensure the admin user and seed the demo",
         )
 
-    def set_up(self) -> None:
+    def set_up(self) -> str:
         """What `make run` needs before serving, in this one process: each step is idempotent, and
-        one Django start-up instead of five is most of the time of a second start."""
+        one Django start-up instead of five is most of the time of a second start. Returns what
+        ensure_admin said (a new password), printed once the server listens, where it stays in view."""
         call_command("migrate", interactive=False, stdout=self.stdout, stderr=self.stderr)
+        admin_said = io.StringIO()
         for name in ("setup_schedules", "ensure_admin", "seed_demo"):
-            call_command(name, stdout=self.stdout, stderr=self.stderr)
+            out = admin_said if name == "ensure_admin" else self.stdout
+            call_command(name, stdout=out, stderr=self.stderr)
         # The servers are other processes: this one keeps no connection (nor ADK pool) open.
         release_process_resources()
         connections.close_all()
+        return admin_said.getvalue()
 
     def report_agents(self) -> None:
         """Load AGENTS_DIR once here so a broken package is said at start-up, not at its first run."""
@@ -69,8 +75,7 @@ class Command(BaseCommand):
                 self.stderr.write(self.style.WARNING(f"Agent {name}: {error}"))
 
     def handle(self, *args, **options):
-        if options["setup"]:
-            self.set_up()
+        admin_said = self.set_up() if options["setup"] else ""
         self.report_agents()
         python = sys.executable
         commands = {
@@ -82,12 +87,20 @@ class Command(BaseCommand):
             name: subprocess.Popen(command, cwd=settings.BASE_DIR, start_new_session=True)
             for name, command in commands.items()
         }
+        listening = wait_until_listening(options["host"], options["port"], processes["web"])
         self.stdout.write(
             self.style.SUCCESS(
                 f"Agent Ledger on http://{options['host']}:{options['port']}/admin/ "
                 f"(worker: {settings.RUN_WORKER_PROCESSES} processes). Ctrl-C stops all three."
             )
+            if listening
+            else self.style.WARNING(
+                f"The web server did not answer on {options['host']}:{options['port']} within "
+                f"{LISTEN_WAIT_SECONDS:g} s; it may still be starting."
+            )
         )
+        if admin_said.strip():
+            self.stdout.write(admin_said.rstrip("\n"))
         stopping = False
         forced = False
 
@@ -126,6 +139,23 @@ class Command(BaseCommand):
                 _kill_group(process)
         if failed:
             raise CommandError(failed)
+
+
+# How long serve waits for the web server to accept connections before it prints the address.
+LISTEN_WAIT_SECONDS = 60
+
+
+def wait_until_listening(host: str, port: int, process: subprocess.Popen) -> bool:
+    """Whether the web server accepts connections on host:port (False: it exited, or the wait ran out)."""
+    target = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
+    deadline = time.monotonic() + LISTEN_WAIT_SECONDS
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            with socket.create_connection((target, port), timeout=0.5):
+                return True
+        except OSError:
+            time.sleep(0.2)
+    return False
 
 
 # Beyond the drain: the time a run aborted at the end of the drain needs to write its outcome, and

@@ -20,7 +20,10 @@
       // The server is restarting or the network hiccuped: try again at the next tick.
     }
     if (fresh) {
+      // A fold the reader opened stays open across the swap.
+      const opened = new Set([...panel.querySelectorAll("details[open]")].map((fold) => fold.id));
       panel.replaceChildren(...fresh.childNodes);
+      opened.forEach((id) => { const fold = document.getElementById(id); if (fold) fold.open = true; });
       panel.dataset.inFlight = fresh.dataset.inFlight;
       panel.dataset.updates = String(Number(panel.dataset.updates || 0) + 1);
       if (fresh.dataset.inFlight !== "true") return stop();
