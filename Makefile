@@ -81,6 +81,7 @@ bench bench-smoke: export BENCH_POSTGRES = $(patsubst %/,%,$(dir $(BENCH_DATABAS
 bench: $(VENV)/.bench-installed
 	mkdir -p bench/results
 	$(PY) bench/overhead.py --runs 200 --warmup 20
+	$(PY) bench/run_indexes.py --runs 200 --rounds 2
 	$(PY) bench/dbos_peer.py --units 300 --warmup 30
 	$(PY) bench/replay_load.py --runs 1000 --clients 50 --seconds 30 --workers 4
 	$(PY) bench/reconcile_sweep.py
@@ -110,6 +111,7 @@ bench-smoke: $(VENV)/.bench-installed
 	rm -rf $(BENCH_SMOKE_RESULTS)
 	$(PY) bench/_benchdb.py template
 	$(PY) bench/overhead.py --runs 3 --warmup 1 --block 1 --accounting-runs 2 --events 5
+	$(PY) bench/run_indexes.py --runs 2 --rounds 1
 	$(PY) bench/dbos_peer.py --units 3 --warmup 1 --block 1
 	$(PY) bench/replay_load.py --runs 20 --clients 2 --seconds 2 --workers 1
 	$(PY) bench/reconcile_sweep.py --runs 3000 --stale 100 --sweeps 1

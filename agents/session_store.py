@@ -40,7 +40,7 @@ SQLite, session copies without a revision marker) goes through the stock impleme
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypeVar
@@ -126,12 +126,14 @@ _EVENT_COLUMNS = [(prop.key, prop.columns[0].key) for prop in _EVENT_MAPPER.colu
 _COMMIT_MAY_LAG = text("set_config('synchronous_commit', 'off', true) = 'off'")
 
 
-def _claim_then_insert(claim: Any, *, rider: TextClause | None = None, lagging: bool = False) -> Any:
+def _claim_then_insert(
+    claim: Any, *, rider: Sequence[TextClause] | None = None, lagging: bool = False
+) -> Any:
     """One statement: the event row is inserted only if `claim` matched the session's revision.
 
-    With a `rider` (PostgreSQL): its data-modifying statement joins as a later CTE, reading
-    `stored` (the inserted row, so it writes nothing when the event is not stored), still one
-    statement returning the event's id.
+    With a `rider` (PostgreSQL): each of its data-modifying statements joins as a later CTE,
+    reading `stored` (the inserted row, so it writes nothing when the event is not stored), still
+    one statement returning the event's id.
     """
     claimed = claim.returning(_SESSIONS.c.id).cte("claimed")
     row = select(*(bindparam(f"e_{column}", type_=_EVENTS.c[column].type) for _, column in _EVENT_COLUMNS))
@@ -142,13 +144,15 @@ def _claim_then_insert(claim: Any, *, rider: TextClause | None = None, lagging: 
         .from_select([column for _, column in _EVENT_COLUMNS], row.select_from(claimed))
         .returning(_EVENTS.c.id)
     )
-    if rider is None:
+    if not rider:
         return insert
     stored = insert.cte("stored")
     # Joined (LEFT, on true) rather than added: CTEs render in the order they are met, and the
     # rider must come after the `stored` it reads. It returns a row per row it wrote, hence DISTINCT.
-    ride = rider.columns(column("n")).cte("ride")
-    return select(stored.c.id).distinct().select_from(stored.outerjoin(ride, true()))
+    joined = stored
+    for index, statement in enumerate(rider):
+        joined = joined.outerjoin(statement.columns(column("n")).cte(f"ride_{index}"), true())
+    return select(stored.c.id).distinct().select_from(joined)
 
 
 _APPEND = _claim_then_insert(_CLAIM)
@@ -159,14 +163,15 @@ class AppendRider(Protocol):
     """Writes that ride in an event's append statement on PostgreSQL instead of following it.
 
     The ledger installs one (`runs.journal.AnswersRider`: the journal rows a function response
-    answers). `sql` is one data-modifying statement (`… RETURNING 1 AS n`) that reads the CTE
-    `stored` (the event row just inserted) and binds `k_ride_*` parameters; `params` gives them
+    answers, and the effect records it finishes). `sql` gives data-modifying statements (each
+    `… RETURNING 1 AS n`) that read the CTE `stored` (the event row just inserted) and bind
+    `k_ride_*` parameters; `params` gives them
     for one event row, or None when the rider has nothing to write for it (the row's
     `after_insert` hooks then do everything, as on SQLite). Only the statement is shared: the
     rider and those hooks agree between themselves on who wrote what.
     """
 
-    def sql(self) -> TextClause: ...
+    def sql(self) -> Sequence[TextClause]: ...
 
     def params(self, row: StorageEvent) -> dict[str, Any] | None: ...
 
@@ -415,6 +420,27 @@ class SessionStore(DatabaseSessionService):
                 return work(conn)
 
         return await greenlet_spawn(checked_out)
+
+    @property
+    def dialect(self) -> str:
+        """The database the store writes to ("postgresql", "sqlite", …)."""
+        return self._dialect
+
+    async def on_own_connection(self, work: Callable[[Connection], T], *, autocommit: bool = False) -> T:
+        """Run `work` on one of the store's own connections, on the running loop: no hop to a
+        thread, and statements psycopg prepares after their first few runs on that connection.
+
+        `autocommit`: each statement commits by itself (one round trip for a one-statement
+        write); otherwise `work` opens its own transaction (`conn.begin()`). For writes that
+        belong beside the events, such as the ledger's effect records.
+        """
+        if not autocommit:
+            return await self._in_one_greenlet(work)
+
+        def autocommitted(conn: Connection) -> T:
+            return work(conn.execution_options(isolation_level="AUTOCOMMIT"))
+
+        return await self._in_one_greenlet(autocommitted)
 
     async def _once_more_on_disconnect(self, operation: Callable[[], Awaitable[T]], *, what: str) -> T:
         """Run an idempotent `operation`, again on a fresh connection if the first one was dead."""

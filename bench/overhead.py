@@ -13,8 +13,14 @@ scripted model, on PostgreSQL, four contenders interleaved block by block:
   (c)  a full Agent Ledger run in-process: row, claim, journal, heartbeat, settle (and whatever
        else the executor does on success)
 
-All of them use the same agent, the same tools (which write their outbox / CRM rows), and the
-same long-lived event loop. A separate accounting pass reads libpq's protocol trace of every
+All of them use the same agent, the same tools (which write their outbox / CRM rows), the
+same long-lived event loop and the same memories: the agent preloads memory, so every contender
+has a memory service holding the same ten memories of the bench's owner, each matching the
+bench's message ((a), (b), (b'): ADK's InMemoryMemoryService; (c): the ledger's, in the
+database). What a (c) run feeds into memory is removed after it, untimed, so the memories do
+not grow over the benchmark. Beside wall time, CPU per run: this process's (every thread) and
+the PostgreSQL backends' of the benchmark's database (utime + stime from /proc, summed over each
+block; a backend that exits within a block loses its last part, which only ever lowers (c)). A separate accounting pass reads libpq's protocol trace of every
 connection (SQLAlchemy's and Django's) to count statements, round trips and commits exactly,
 and times where the time of (c) goes.
 
@@ -34,7 +40,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from _benchdb import bench_database
-from _common import interleaved, print_table, save_results, summary
+from _common import print_table, save_results, summary
 
 TOOL_CALLS_PER_RUN = 3
 
@@ -191,6 +197,7 @@ def trace_django(wire: Wire) -> None:
 
 def measure(args: argparse.Namespace) -> None:
     from google.adk.apps import App
+    from google.adk.memory import InMemoryMemoryService
     from google.adk.runners import Runner
     from google.adk.sessions import InMemorySessionService
     from google.adk.sessions.database_session_service import DatabaseSessionService
@@ -201,6 +208,8 @@ def measure(args: argparse.Namespace) -> None:
     from agents.models import Customer
     from agents.registry import build_agent, get_agent_spec
     from agents.session_store import SessionStore
+    from memory.adk import memory_service
+    from memory.models import MemoryEntry
     from runs import executor, services
 
     Customer.objects.get_or_create(
@@ -209,9 +218,15 @@ def measure(args: argparse.Namespace) -> None:
     spec = get_agent_spec("support")
     message = types.Content(role="user", parts=[types.Part(text="Jane asks where her refund is.")])
     in_memory = InMemorySessionService()
+    adk_memory = InMemoryMemoryService()
+    run_coroutine(_seed_memories(spec.name, [adk_memory, memory_service()]))
 
     async def adk_run(sessions) -> None:
-        runner = Runner(app=App(name=spec.name, root_agent=build_agent(spec, params={})), session_service=sessions)
+        runner = Runner(
+            app=App(name=spec.name, root_agent=build_agent(spec, params={})),
+            session_service=sessions,
+            memory_service=adk_memory,
+        )
         session_id = str(uuid.uuid4())
         await sessions.create_session(app_name=spec.name, user_id="bench", session_id=session_id)
         async for _ in runner.run_async(user_id="bench", session_id=session_id, new_message=message):
@@ -260,6 +275,11 @@ def measure(args: argparse.Namespace) -> None:
         status = executor.execute(run.run_id)
         if status != "success":
             raise SystemExit(f"an Agent Ledger run ended {status}; the benchmark is void")
+        return run.run_id
+
+    def forget_c(run_id) -> None:
+        # Untimed: the memories stay the seeded ten.
+        MemoryEntry.objects.filter(run_id=run_id).delete()
 
     contenders = {"a": run_a, "b": run_b, "b'": run_b_prime, "c": run_c}
     labels = {
@@ -271,10 +291,18 @@ def measure(args: argparse.Namespace) -> None:
 
     event_timings = time_events(stores, args, run_coroutine)
 
-    timings = interleaved(contenders, count=args.runs, block=args.block, warmup=args.warmup)
+    load_before = os.getloadavg()
+    timings, cpu = interleaved_with_cpu(
+        contenders, count=args.runs, block=args.block, warmup=args.warmup, after={"c": forget_c}
+    )
+    load_after = os.getloadavg()
 
+    def run_c_and_forget() -> None:
+        forget_c(run_c())
+
+    contenders["c"] = run_c_and_forget
     # Timed before any tracing: libpq's trace writes a line per protocol message.
-    breakdown = time_parts(run_c, args.accounting_runs, store_sessions)
+    breakdown = time_parts(run_c_and_forget, args.accounting_runs, store_sessions)
     wires = {"stock": Wire(), "store": Wire(), "django": Wire()}
     wires["strict"] = Wire()
     for name in ("stock", "store", "strict"):
@@ -339,17 +367,35 @@ def measure(args: argparse.Namespace) -> None:
         ],
     )
 
+    print("\nCPU per run (ms): this process (every thread) and the PostgreSQL backends, summed per block\n")
+    print_table(
+        ["contender", "wall p50", "process CPU", "PostgreSQL CPU", "CPU total", "CPU / (a)'s"],
+        [
+            [
+                f"({key}) {labels[key]}",
+                f"{stats[key]['median']:.1f}",
+                f"{cpu[key]['process']:.1f}",
+                f"{cpu[key]['postgres']:.1f}",
+                f"{cpu[key]['total']:.1f}",
+                f"{cpu[key]['total'] / cpu['a']['total']:.2f}",
+            ]
+            for key in contenders
+        ],
+    )
+    print(f"load average (1, 5, 15 min) before: {_load(load_before)}, after: {_load(load_after)}")
+
     ratios = {
         "b/a": stats["b"]["median"] / stats["a"]["median"],
         "b'/a": stats["b'"]["median"] / stats["a"]["median"],
         "c/b'": stats["c"]["median"] / stats["b'"]["median"],
         "c/a": stats["c"]["median"] / stats["a"]["median"],
+        "CPU c/a": cpu["c"]["total"] / cpu["a"]["total"],
     }
     ledger_statements_per_call = (accounting["c"]["statements"] - accounting["b'"]["statements"]) / TOOL_CALLS_PER_RUN
     print()
     for name, value in ratios.items():
-        print(f"{name:5} = {value:.2f}")
-    print("c/a target ≤ 2.5 (moonshot 2.0)")
+        print(f"{name:7} = {value:.2f}")
+    print("c/a target ≤ 2.5 (moonshot 2.0); CPU c/a target ≤ 2")
     print(f"ledger + journal statements per tool call, (c − b') / {TOOL_CALLS_PER_RUN}: {ledger_statements_per_call:.1f}")
 
     print("\nStatements per run by connection (accounting pass):")
@@ -415,6 +461,9 @@ def measure(args: argparse.Namespace) -> None:
             {"metric": "(c) ms/run, Agent Ledger", "value": stats["c"]["median"], "unit": "ms"},
             {"metric": "c/b'", "value": ratios["c/b'"], "unit": "ratio"},
             {"metric": "c/a", "value": ratios["c/a"], "unit": "ratio", "target": "≤ 2.5 (moonshot 2.0)"},
+            {"metric": "(a) CPU ms/run, process + PostgreSQL", "value": cpu["a"]["total"], "unit": "ms"},
+            {"metric": "(c) CPU ms/run, process + PostgreSQL", "value": cpu["c"]["total"], "unit": "ms"},
+            {"metric": "CPU c/a", "value": ratios["CPU c/a"], "unit": "ratio", "target": "≤ 2"},
             {"metric": "(b) commits/run", "value": accounting["b"]["commits"], "unit": ""},
             {"metric": "(c) commits/run", "value": accounting["c"]["commits"], "unit": "", "target": "≤ 12 (moonshot 8)"},
             {"metric": "(c) round trips/run", "value": accounting["c"]["round_trips"], "unit": ""},
@@ -441,8 +490,118 @@ def measure(args: argparse.Namespace) -> None:
         event_stats=event_stats,
         event_accounting=event_accounting,
         stats=stats,
+        cpu=cpu,
+        load_average={"before": load_before, "after": load_after},
         accounting=accounting,
     )
+
+
+SEEDED_MEMORIES = 10
+
+
+async def _seed_memories(app_name: str, services: list) -> None:
+    """The same memories of the bench's owner in every memory service, each matching its message."""
+    from google.adk.events.event import Event
+    from google.genai import types
+
+    events = [
+        Event(
+            invocation_id="e-seed",
+            author="user",
+            content=types.Content(
+                role="user", parts=[types.Part(text=f"Jane asked about her refund, order {1000 + index}.")]
+            ),
+        )
+        for index in range(SEEDED_MEMORIES)
+    ]
+    for service in services:
+        await service.add_events_to_memory(app_name=app_name, user_id="bench", events=events, session_id="seed")
+
+
+def _load(load: tuple[float, float, float]) -> str:
+    return ", ".join(f"{value:.2f}" for value in load)
+
+
+class _BackendCpu:
+    """CPU (ms) the benchmark database's PostgreSQL backends have used, from /proc/<pid>/stat."""
+
+    def __init__(self) -> None:
+        import psycopg
+        from django.db import connection
+
+        settings = connection.settings_dict
+        self.conn = psycopg.connect(
+            host=settings["HOST"] or None, port=settings["PORT"] or None, user=settings["USER"],
+            password=settings["PASSWORD"] or None, dbname=settings["NAME"], autocommit=True,
+        )
+        self.tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
+
+    def sample(self) -> dict[int, float]:
+        pids = [
+            row[0]
+            for row in self.conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        ]
+        used = {}
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # gone since the query
+            used[pid] = (int(fields[11]) + int(fields[12])) * self.tick_ms
+        return used
+
+    @staticmethod
+    def spent(before: dict[int, float], after: dict[int, float]) -> float:
+        return sum(value - before.get(pid, 0.0) for pid, value in after.items())
+
+
+def interleaved_with_cpu(
+    contenders: dict, *, count: int, block: int, warmup: int, after: dict | None = None
+) -> tuple[dict[str, list[float]], dict[str, dict[str, float]]]:
+    """Wall ms per run of each contender, interleaved in blocks (as `_common.interleaved`), and
+    CPU ms per run: this process's and the PostgreSQL backends', measured around each block.
+
+    `after[key]`, untimed, gets what the contender's run returned (cleaning up behind it).
+    """
+    after = after or {}
+    for _ in range(warmup):
+        for key, run in contenders.items():
+            result = run()
+            if key in after:
+                after[key](result)
+    backends = _BackendCpu()
+    timings: dict[str, list[float]] = {key: [] for key in contenders}
+    spent = {key: {"process": 0.0, "postgres": 0.0} for key in contenders}
+    done = 0
+    while done < count:
+        turn = min(block, count - done)
+        for key, run in contenders.items():
+            results = []
+            pg_before, cpu_before = backends.sample(), time.process_time()
+            for _ in range(turn):
+                started = time.perf_counter()
+                results.append(run())
+                timings[key].append((time.perf_counter() - started) * 1000)
+            cpu_after = time.process_time()
+            spent[key]["postgres"] += backends.spent(pg_before, backends.sample())
+            spent[key]["process"] += (cpu_after - cpu_before) * 1000
+            for result in results:
+                if key in after:
+                    after[key](result)
+        done += turn
+    backends.conn.close()
+    cpu = {
+        key: {
+            "process": values["process"] / count,
+            "postgres": values["postgres"] / count,
+            "total": (values["process"] + values["postgres"]) / count,
+        }
+        for key, values in spent.items()
+    }
+    return timings, cpu
 
 
 def _bench_event(index: int, run_id: uuid.UUID | None = None, lease: uuid.UUID | None = None):

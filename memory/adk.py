@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
 from asgiref.sync import sync_to_async
+from django.db import connection
 from django.utils import timezone
 from google.adk.events.event import Event
 from google.adk.memory.base_memory_service import BaseMemoryService, SearchMemoryResponse
@@ -19,6 +20,7 @@ from google.adk.memory.memory_entry import MemoryEntry as AdkMemoryEntry
 from google.adk.sessions.session import Session
 from google.genai import types
 
+from agents.adk import session_service
 from memory import services
 from memory.models import MemoryEntry
 
@@ -38,6 +40,18 @@ def to_adk(entry: MemoryEntry) -> AdkMemoryEntry:
             "session_id": entry.session_id,
             "run_id": str(entry.run_id) if entry.run_id else None,
         },
+    )
+
+
+def _row_to_adk(row) -> AdkMemoryEntry:
+    """`to_adk` of a row of `memory.search.RANKED_COLUMNS`."""
+    event_id, author, timestamp, text, session_id, run_id = row
+    return AdkMemoryEntry(
+        id=event_id,
+        author=author,
+        timestamp=timestamp.astimezone(UTC).isoformat(),
+        content=types.Content(role="user" if author == "user" else "model", parts=[types.Part(text=text)]),
+        custom_metadata={"session_id": session_id, "run_id": str(run_id) if run_id else None},
     )
 
 
@@ -112,6 +126,16 @@ class LedgerMemoryService(BaseMemoryService):
         await sync_to_async(services.ingest)(agent=app_name, owner_id=user_id, items=items)
 
     async def search_memory(self, *, app_name: str, user_id: str, query: str) -> SearchMemoryResponse:
+        store = session_service() if connection.vendor == "postgresql" else None
+        if store is not None and store.dialect == "postgresql":
+            # On the loop's own connection: no hop to the ORM thread, a statement psycopg
+            # prepares, and no model object for a row that is only sent.
+            compiled = services.compiled_search(agent=app_name, owner_id=user_id, query=query)
+            if compiled is None:
+                return SearchMemoryResponse(memories=[])
+            sql, params = compiled
+            rows = await store.on_own_connection(lambda conn: conn.exec_driver_sql(sql, params).all(), autocommit=True)
+            return SearchMemoryResponse(memories=[_row_to_adk(row) for row in rows])
         entries = await sync_to_async(services.search_memories)(agent=app_name, owner_id=user_id, query=query)
         return SearchMemoryResponse(memories=[to_adk(entry) for entry in entries])
 

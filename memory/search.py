@@ -73,8 +73,12 @@ def _pg_vector() -> RawSQL:
 def _pg_query(terms: list[str]):
     from django.contrib.postgres.search import SearchQuery
 
+    return SearchQuery(_raw_tsquery(terms), search_type="raw", config=TEXT_SEARCH_CONFIG)
+
+
+def _raw_tsquery(terms: list[str]) -> str:
     # Terms are \w+ runs, so quoting them as tsquery lexemes cannot be escaped out of.
-    return SearchQuery(" | ".join(f"'{term}'" for term in terms), search_type="raw", config=TEXT_SEARCH_CONFIG)
+    return " | ".join(f"'{term}'" for term in terms)
 
 
 # --- SQLite FTS5 --------------------------------------------------------------------------------------
@@ -127,3 +131,36 @@ def ranked(qs: MemoryEntryQuerySet, query: str) -> MemoryEntryQuerySet:
         )
     # bm25() is negative, more negative = more relevant.
     return qs.alias(rank=_fts_rank(terms)).filter(rank__isnull=False).order_by("rank", "-timestamp", "-id")
+
+
+# --- Compiled once, sent from the agent loop (PostgreSQL) ---------------------------------------------
+
+# Stand-ins the ranked search is compiled with once; each search puts its own values in their places.
+_AGENT_STAND_IN = "\x00agent"
+_OWNER_STAND_IN = "\x00owner"
+_QUERY_STAND_IN = "standinquery"
+# What a preloaded memory needs, in this order: no model object is built for a row.
+RANKED_COLUMNS = ("event_id", "author", "timestamp", "text", "session_id", "run_id")
+_compiled: dict[tuple[str, int], tuple[str, tuple]] = {}
+
+
+def compiled_ranked(qs: MemoryEntryQuerySet, *, agent: str, owner_id: str, query: str, limit: int):
+    """`ranked(for_scope(agent, owner_id), query)[:limit]` as (sql, params) of RANKED_COLUMNS rows,
+    from SQL Django compiles once per process and limit (PostgreSQL); None when `query` has no
+    searchable word (nothing matches). `qs` is `MemoryEntry.objects`, for the compile."""
+    terms = search_terms(query)
+    if not terms:
+        return None
+    cache_key = (qs.db, limit)
+    built = _compiled.get(cache_key)
+    if built is None:
+        scoped = qs.for_scope(agent=_AGENT_STAND_IN, owner_id=_OWNER_STAND_IN)
+        compiled = ranked(scoped, _QUERY_STAND_IN)[:limit].values_list(*RANKED_COLUMNS).query.sql_with_params()
+        built = _compiled[cache_key] = (compiled[0], tuple(compiled[1]))
+    sql, params = built
+    stand_ins = {
+        _AGENT_STAND_IN: agent,
+        _OWNER_STAND_IN: owner_id,
+        _raw_tsquery([_QUERY_STAND_IN]): _raw_tsquery(terms),
+    }
+    return sql, tuple(stand_ins.get(value, value) if isinstance(value, str) else value for value in params)

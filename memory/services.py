@@ -25,7 +25,8 @@ from google.adk.events.event import Event
 
 from agents.models import AdkEvent
 from agents.registry import UnknownAgentError, get_agent_spec
-from memory.models import MemoryEntry
+from memory import search
+from memory.models import MemoryEntry, ScopeRequired
 from memory.refusals import InvalidLimit, InvalidQuery, MissingScope, UnknownAgent
 from memory.search import search_terms
 
@@ -274,6 +275,16 @@ def remember_events(
 
 
 # --- Reading ----------------------------------------------------------------------------------------------
+
+
+def compiled_search(*, agent: str, owner_id: str, query: str) -> tuple[str, tuple] | None:
+    """`search_memories` as (sql, params) of `memory.search.RANKED_COLUMNS` rows, for a caller that
+    sends it on a connection of its own (PostgreSQL); None when nothing can match."""
+    if not agent or not owner_id:
+        raise ScopeRequired("A memory scope needs both an agent and an owner_id.")
+    return search.compiled_ranked(
+        MemoryEntry.objects, agent=agent, owner_id=owner_id, query=query, limit=settings.MEMORY_SEARCH_RESULTS
+    )
 
 
 def search_memories(*, agent: str, owner_id: str, query: str, limit: int | None = None) -> list[MemoryEntry]:

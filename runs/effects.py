@@ -34,12 +34,14 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import connection, transaction
 from django.utils import timezone
 from google.adk.plugins.base_plugin import BasePlugin
+from sqlalchemy.exc import DBAPIError
 
+from agents.adk import session_service
 from agents.effects import IDEMPOTENT, KeyArgumentMissing, effect_of_call_name, effect_of_tool, tool_name
 from config.lib.refusals import required_text
 from config.lib.text import hidden_character
 from runs import chain, leases, permissions, reconcile, visibility
-from runs.journal import EFFECTS_METADATA_KEY
+from runs.journal import EFFECTS_METADATA_KEY, json_safe
 from runs.models import (
     AgentRun,
     EffectsChoice,
@@ -109,14 +111,18 @@ def intent_id(run: AgentRun) -> str:
     return f"run:{current.run_id}"
 
 
+def root_intent_id(run: AgentRun) -> str | None:
+    """`intent_id` of a run that replays, resumes and answers nothing (read from the row already
+    loaded, no query), or None when the chain or the webhook must be read."""
+    if run.replay_of_id is None and run.resume_of_id is None and run.webhook_event_id is None:
+        return f"run:{run.run_id}"
+    return None
+
+
 def effect_key(*, intent: str, tool: str, business_key: Any) -> str:
     """Never the model's whole arguments, never its call id: those change when the run is done again."""
     canonical = json.dumps([intent, tool, business_key], sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def json_safe(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
 
 
 # --- The record, claimed before the tool acts ------------------------------------------------------
@@ -136,6 +142,21 @@ def _describe_key(effect: ToolEffect) -> str:
     return f"{effect.tool_name} for {json.dumps(effect.business_key, ensure_ascii=False)}"
 
 
+def new_record(
+    *, run_id: uuid.UUID, call_id: str, intent: str, tool: str, business_key: Any, stable_fields: dict
+) -> dict[str, Any]:
+    """The fields of a call's fresh effect record (`started`, now)."""
+    return {
+        "intent_id": intent[:320],
+        "tool_name": tool,
+        "business_key": business_key,
+        "stable_fields": stable_fields,
+        "first_run_id": run_id,
+        "first_call_id": call_id,
+        "started_at": timezone.now(),
+    }
+
+
 def claim_effect(
     *,
     run_id: uuid.UUID,
@@ -145,23 +166,19 @@ def claim_effect(
     business_key: Any,
     stable_fields: dict,
     lease: uuid.UUID | None = None,
+    own_claim_may_exist: bool = False,
 ) -> Claim:
     """Write the record `started`, or say why the call must not run; committed when this returns.
 
     Only while `lease` holds the run (`runs.leases`): a worker that lost its run never starts
-    an effect for it.
+    an effect for it. `own_claim_may_exist`: this call's claim was sent on a connection that broke
+    before it answered, so a `started` record of this run and call is that claim, not a doubt.
     """
     key = effect_key(intent=intent, tool=tool, business_key=business_key)
-    now = timezone.now()
-    record = {
-        "intent_id": intent[:320],
-        "tool_name": tool,
-        "business_key": business_key,
-        "stable_fields": stable_fields,
-        "first_run_id": run_id,
-        "first_call_id": call_id,
-        "started_at": now,
-    }
+    record = new_record(
+        run_id=run_id, call_id=call_id, intent=intent, tool=tool, business_key=business_key, stable_fields=stable_fields
+    )
+    now = record["started_at"]
     if connection.vendor == "postgresql" and _claim_new_key(key=key, record=record, lease=lease):
         return Claim("run", key)
     # A key with a record already (a repeat, a replay), or SQLite: read the record and decide.
@@ -195,6 +212,13 @@ def claim_effect(
             journal.update(effect_key=key, status=ToolCallStatus.DEDUPLICATED)
             result = effect.result if isinstance(effect.result, dict) else {"result": effect.result}
             return Claim("served", key, result=result)
+        if own_claim_may_exist and effect.status == EffectStatus.STARTED and (
+            (effect.first_run_id, effect.first_call_id) == (run_id, call_id)
+        ):
+            # This very call's own claim, committed by an attempt whose answer was lost with its
+            # connection (a call id is unique in its run): it is this call's record.
+            journal.update(effect_key=key)
+            return Claim("run", key)
         in_flight = AgentRun.objects.filter(pk=effect.first_run_id, status__in=["queued", "running"]).exists()
         message = (
             f"{_describe_key(effect)} was started by run {effect.first_run_id} (call {effect.first_call_id}) "
@@ -222,33 +246,83 @@ def _claim_new_key(*, key: str, record: dict[str, Any], lease: uuid.UUID | None)
     record was written; False when the key had one (the caller reads it); refused when the
     lease no longer holds the run.
     """
+    sql, params = _new_key_claim(key=key, record=record, lease=lease)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        held_rows, claimed_rows = cursor.fetchone()
+    return _new_key_claimed(record=record, held_rows=held_rows, claimed_rows=claimed_rows)
+
+
+async def claim_new_key_on(store: Any, *, key: str, record: dict[str, Any], lease: uuid.UUID | None) -> bool:
+    """`_claim_new_key` on the agent loop's own connection to the same database (the session
+    store's, `on_own_connection`): no hop to the ORM thread, and a statement psycopg prepares
+    instead of one Django sends as text to be parsed anew each time. Committed when it returns.
+    """
+    sql, params = _new_key_claim(key=key, record=record, lease=lease)
+
+    def claim(conn) -> tuple[int, int]:
+        return tuple(conn.exec_driver_sql(sql, tuple(params)).one())
+
+    held_rows, claimed_rows = await store.on_own_connection(claim, autocommit=True)
+    return _new_key_claimed(record=record, held_rows=held_rows, claimed_rows=claimed_rows)
+
+
+def _new_key_claimed(*, record: dict[str, Any], held_rows: int, claimed_rows: int) -> bool:
+    if not held_rows:
+        raise leases.refuse(run_id=record["first_run_id"], what="an effect record")
+    return claimed_rows == 1
+
+
+# Stand-ins the statement is compiled with once; each claim puts its own values in their places.
+_RUN_STAND_IN = uuid.UUID(int=1)
+_LEASE_STAND_IN = uuid.UUID(int=2)
+_CLAIM_FIELDS = ("key", "status", "error", "intent_id", "tool_name", "business_key", "stable_fields",
+                 "first_run_id", "first_call_id", "started_at")
+_compiled_claims: dict[tuple[str, bool], tuple[str, tuple]] = {}
+
+
+def _compiled_claim(*, fenced: bool) -> tuple[str, tuple]:
+    """The claim's SQL and the fence's parameters with stand-ins, compiled by Django once per process."""
+    cache_key = (connection.alias, fenced)
+    built = _compiled_claims.get(cache_key)
+    if built is not None:
+        return built
     effect = ToolEffect._meta
-    run_id, call_id = record["first_run_id"], record["first_call_id"]
-    values = {"key": key, "status": EffectStatus.STARTED, "error": "", **record}
-    columns = [effect.get_field(name).column for name in values]
-    params = [effect.get_field(name).get_db_prep_save(value, connection) for name, value in values.items()]
-    run_pk = AgentRun._meta.pk.get_db_prep_save(run_id, connection)
-    if lease is None:
+    columns = [effect.get_field(name).column for name in _CLAIM_FIELDS]
+    if not fenced:
         held, held_params = "SELECT 1", ()  # a run executed outside the ledger's claim: nothing to fence
     else:
         # The fence's one definition (`leases.held`), with `leases.hold`'s lock; Django refuses to
         # compile select_for_update() outside a transaction, and this statement is its own.
-        held, held_params = leases.held(run_id=run_id, lease=lease).order_by().values("pk").query.sql_with_params()
+        query = leases.held(run_id=_RUN_STAND_IN, lease=_LEASE_STAND_IN).order_by().values("pk").query
+        held, held_params = query.sql_with_params()
         held += " FOR NO KEY UPDATE"
     sql = (
         f"WITH held AS ({held}), "
         f"claimed AS (INSERT INTO {effect.db_table} ({', '.join(columns)}) "
-        f"SELECT {', '.join(['%s'] * len(params))} FROM held ON CONFLICT (key) DO NOTHING RETURNING 1), "
+        f"SELECT {', '.join(['%s'] * len(columns))} FROM held ON CONFLICT (key) DO NOTHING RETURNING 1), "
         f"journaled AS (UPDATE {ToolCall._meta.db_table} SET effect_key = %s "
         "WHERE run_id = %s AND call_id = %s AND EXISTS (SELECT 1 FROM claimed) RETURNING 1) "
         "SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM claimed)"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*held_params, *params, key, run_pk, call_id])
-        held_rows, claimed_rows = cursor.fetchone()
-    if not held_rows:
-        raise leases.refuse(run_id=run_id, what="an effect record")
-    return claimed_rows == 1
+    built = _compiled_claims[cache_key] = (sql, tuple(held_params))
+    return built
+
+
+def _new_key_claim(*, key: str, record: dict[str, Any], lease: uuid.UUID | None) -> tuple[str, list]:
+    """The one statement of `_claim_new_key` and its parameters (compiled by Django, sent by either)."""
+    effect = ToolEffect._meta
+    run_id, call_id = record["first_run_id"], record["first_call_id"]
+    values = {"key": key, "status": EffectStatus.STARTED, "error": "", **record}
+    params = [effect.get_field(name).get_db_prep_save(values[name], connection) for name in _CLAIM_FIELDS]
+    run_pk = AgentRun._meta.pk.get_db_prep_save(run_id, connection)
+    sql, held_params = _compiled_claim(fenced=lease is not None)
+    stand_ins = {
+        _RUN_STAND_IN: run_pk,
+        _LEASE_STAND_IN: AgentRun._meta.get_field("lease").get_db_prep_save(lease, connection),
+    }
+    held_values = [stand_ins.get(value, value) for value in held_params]
+    return sql, [*held_values, *params, key, run_pk, call_id]
 
 
 def _owned_started(*, key: str, run_id: uuid.UUID, call_id: str, lease: uuid.UUID | None):
@@ -371,6 +445,30 @@ class EffectsPlugin(BasePlugin):
             return None  # the tool itself refuses a call without its arguments
         stable_fields = json_safe(effect.stable_fields(tool_args or {}))
 
+        own_claim_may_exist = False
+        intent = self._intent or root_intent_id(self.run)
+        store = session_service() if intent is not None and connection.vendor == "postgresql" else None
+        if store is not None and store.dialect == "postgresql":
+            # The common claim (a key never seen) on the loop's own connection; a key with a
+            # record already (a repeat, a replay) is read and decided on the ORM thread, below.
+            key = effect_key(intent=intent, tool=tool.name, business_key=business_key)
+            record = new_record(
+                run_id=self.run.run_id, call_id=call_id, intent=intent, tool=tool.name,
+                business_key=business_key, stable_fields=stable_fields,
+            )
+            try:
+                if await claim_new_key_on(store, key=key, record=record, lease=self.run.lease):
+                    self._owned[call_id] = key
+                    return None
+            except DBAPIError as exc:
+                if not exc.connection_invalidated:
+                    raise
+                # The connection broke (idle in the pool, or mid-statement): whether the claim
+                # committed is read below, where this call's own record counts as its claim.
+                logger.warning("Run %s: the effect claim's connection broke (%s); deciding on the ORM thread",
+                               self.run.run_id, exc.orig)
+                own_claim_may_exist = True
+
         def claim_it():
             # The run's intent is worked out in the same hop to the ORM thread as the claim.
             return claim_effect(
@@ -381,6 +479,7 @@ class EffectsPlugin(BasePlugin):
                 business_key=business_key,
                 stable_fields=stable_fields,
                 lease=self.run.lease,
+                own_claim_may_exist=own_claim_may_exist,
             )
 
         claim = await sync_to_async(claim_it)()
@@ -405,10 +504,20 @@ class EffectsPlugin(BasePlugin):
         if rejected or call_id in (tool_context.actions.requested_tool_confirmations or {}):
             await sync_to_async(release_effect)(key=key, run_id=self.run.run_id, call_id=call_id, lease=self.run.lease)
             return None
+        if self._stored_here(tool_context):
+            # Marked done by the journal with the response event that carries this result, in
+            # its transaction (`runs.journal`): no write of its own, and never done without it.
+            return None
         await sync_to_async(finish_effect)(
             key=key, run_id=self.run.run_id, call_id=call_id, result=result, lease=self.run.lease
         )
         return None
+
+    def _stored_here(self, tool_context) -> bool:
+        """Whether the call's response event goes to the run's own session, which the executor
+        keeps in the ledger's store (not, say, to the in-memory session of an agent wrapped by an
+        `AgentTool`: the journal never sees that one)."""
+        return tool_context.invocation_id == self.run.invocation_id and tool_context.session.id == self.run.session_id
 
     async def on_tool_error_callback(self, *, tool, tool_args, tool_context, error):
         call_id = tool_context.function_call_id or ""

@@ -37,7 +37,7 @@ from sqlalchemy.sql.elements import TextClause
 from agents.mcp_answers import readable_answer
 from agents.models import AdkEvent
 from runs import leases
-from runs.models import KEPT_ON_ANSWER, NEVER_RAN, AgentRun, ToolCall, ToolCallStatus
+from runs.models import KEPT_ON_ANSWER, NEVER_RAN, AgentRun, ToolCall, ToolCallStatus, ToolEffect
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +100,8 @@ _ANSWER_CALL = text(
     "THEN status ELSE :status END, "
     "response_summary = CASE WHEN status IN ('waiting', 'not_run') THEN response_summary ELSE :summary END, "
     "answered_at = :answered_at "
-    "WHERE run_id = :run_id AND call_id = :call_id"
+    "WHERE run_id = :run_id AND call_id = :call_id "
+    "RETURNING effect_key"
 )
 
 
@@ -165,6 +166,8 @@ def journal_rows(event_data: dict) -> tuple[uuid.UUID | None, list[dict], list[d
         answers.append(
             {
                 "call_id": response.get("id") or "",
+                # What an effect record this answer finishes serves to every repeat.
+                "result": payload,
                 "status": ToolCallStatus.FAILED if aborted else ToolCallStatus.ANSWERED,
                 # An MCP answer is shown as the value it carries, not as JSON inside a string.
                 "summary": "aborted before it answered" if aborted else summarize(readable_answer(payload)),
@@ -203,16 +206,47 @@ def _journal_with_the_event(mapper, connection, target: StorageEvent) -> None:
     if getattr(target, _ANSWERS_RODE, False):
         return  # written by the event's own statement (AnswersRider)
     for answer in answers:
-        connection.execute(
+        answered_at = _db_value("answered_at", answer["answered_at"])
+        effect_key = connection.execute(
             _ANSWER_CALL,
             {
                 "run_id": run_value,
                 "call_id": answer["call_id"],
                 "status": answer["status"].value,
-                "answered_at": _db_value("answered_at", answer["answered_at"]),
+                "answered_at": answered_at,
                 "summary": answer["summary"],
             },
-        )
+        ).scalar()
+        # Only a call that claimed an effect record pays for finishing one.
+        if effect_key and answer["status"] == ToolCallStatus.ANSWERED:
+            connection.execute(
+                _FINISH_EFFECT,
+                {
+                    "run_id": run_value,
+                    "call_id": answer["call_id"],
+                    "result": _effect_result(answer["result"]),
+                    "finished_at": answered_at,
+                },
+            )
+
+
+# The effect record this call started (`runs.effects.claim_effect`) is done with the answer, in the
+# answer's own transaction: a record is `done` exactly when the response the model reads from
+# is stored. A record with an error noted (the tool raised) stays `started`: in doubt.
+_FINISH_EFFECT = text(
+    "UPDATE tool_effects SET status = 'done', result = :result, finished_at = :finished_at "
+    "WHERE status = 'started' AND error = '' AND first_run_id = :run_id AND first_call_id = :call_id "
+    "AND key = (SELECT effect_key FROM tool_calls WHERE run_id = :run_id AND call_id = :call_id)"
+)
+
+
+def _effect_result(result: Any) -> Any:
+    field = ToolEffect._meta.get_field("result")
+    return field.get_db_prep_value(json_safe(result), connections["default"], prepared=False)
+
+
+def json_safe(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
 
 
 # Set on an event row whose answers AnswersRider wrote in the append statement itself.
@@ -232,16 +266,30 @@ _ANSWER_CALLS_IN_THE_APPEND = text(
 )
 
 
+_FINISH_EFFECTS_IN_THE_APPEND = text(
+    # _FINISH_EFFECT for every answer of the event at once, in its append (PostgreSQL).
+    "UPDATE tool_effects SET status = 'done', result = a.result, finished_at = a.answered_at "
+    "FROM jsonb_to_recordset(CAST(:k_ride_answers AS jsonb)) "
+    "AS a(call_id text, status text, answered_at timestamptz, summary text, result jsonb), tool_calls c "
+    "WHERE a.status = 'answered' AND c.run_id = :k_ride_run AND c.call_id = a.call_id "
+    "AND tool_effects.key = c.effect_key AND tool_effects.status = 'started' AND tool_effects.error = '' "
+    "AND tool_effects.first_run_id = :k_ride_run AND tool_effects.first_call_id = a.call_id "
+    "AND EXISTS (SELECT 1 FROM stored) "
+    "RETURNING 1 AS n"
+)
+
+
 class AnswersRider:
-    """`agents.session_store`'s append rider: a function response marks the calls it answers in
-    its own event's statement (one statement and one round trip fewer per answer event).
+    """`agents.session_store`'s append rider: a function response marks the calls it answers, and
+    finishes the effect records they started, in its own event's statement (no statement or
+    round trip of their own).
 
     Installed by `runs.apps`; PostgreSQL only (SQLite has no data-modifying CTE, and the
     after_insert hook above writes the answers there, as it does for any event this does not take).
     """
 
-    def sql(self) -> TextClause:
-        return _ANSWER_CALLS_IN_THE_APPEND
+    def sql(self) -> list[TextClause]:
+        return [_ANSWER_CALLS_IN_THE_APPEND, _FINISH_EFFECTS_IN_THE_APPEND]
 
     def params(self, row: StorageEvent) -> dict[str, Any] | None:
         run_id, _calls, answers = journal_rows(row.event_data or {})
@@ -257,9 +305,11 @@ class AnswersRider:
                         "status": answer["status"].value,
                         "answered_at": answer["answered_at"].isoformat(),
                         "summary": answer["summary"],
+                        "result": answer["result"],
                     }
                     for answer in answers
-                ]
+                ],
+                default=str,
             ),
         }
 

@@ -21,7 +21,8 @@ themselves and how long after the kill. (The test above runs the sweep without r
 
 Then the effects (docs/architecture.md, "Effects"): a forced replay with the default choice
 (reuse recorded effects) sends exactly one email in total. Where the kill left the email's
-effect record `started` (inside the tool), that replay sends nothing and fails
+effect record `started` (inside the tool, or after it returned but before its response was
+stored: the record is done with the response), that replay sends nothing and fails
 `effect_in_doubt`; a person settles the call from what the outbox shows, and the next forced
 replay either reuses the settled record or sends the email that never went out. Finally a
 forced replay that redoes the effects sends a second one.
@@ -142,6 +143,22 @@ lifecycle.settle_run = KILL
 """ + _START_AND_EXECUTE,
         "effect": True,
     },
+    8: {
+        # The effect record is marked done with the response event, in its transaction: here the
+        # tool has acted and returned, and neither is stored, so the call is in doubt.
+        "label": "after the tool returned, before its response is stored",
+        "script": [SEND_EMAIL, SAY_DONE],
+        "hook": """
+from agents.session_store import SessionStore
+original_append = SessionStore.append_event
+async def die_before_a_response(self, session, event):
+    if event.get_function_responses():
+        KILL()
+    return await original_append(self, session, event)
+SessionStore.append_event = die_before_a_response
+""" + _START_AND_EXECUTE,
+        "effect": True,
+    },
 }
 
 # (agent, point) -> Counter of outcome descriptions, printed at the end of the module.
@@ -233,7 +250,7 @@ def test_a_worker_killed_at_each_point_never_repeats_an_effect(agent, point, rep
         if forced.status == RunStatus.SUCCESS:
             break
         # Only a call whose effect record says `started` stops a forced replay: killed inside the tool.
-        assert point in (4, 5) and forced.error_code == "effect_in_doubt", (forced.error_code, forced.error_message)
+        assert point in (4, 5, 8) and forced.error_code == "effect_in_doubt", (forced.error_code, forced.error_message)
         assert ToolEffect.objects.get().status == EffectStatus.STARTED
         assert OutboxEmail.objects.count() == original_emails, "a call in doubt was run again"
         # A person looks at the outbox and says what happened.

@@ -474,3 +474,20 @@ def test_effect_records_are_browsable_read_only(support_lead, django_user_model)
     assert page.status_code == 200 and record.key in page.content.decode()
     assert client.post(f"/admin/runs/tooleffect/{record.pk}/delete/").status_code == 403
     assert ToolEffect.objects.filter(pk=record.pk).exists()
+
+
+@pytest.mark.django_db
+def test_a_claim_whose_connection_broke_takes_its_own_record_and_nothing_else():
+    from tests.factories import make_run
+
+    run, other = make_run(), make_run()
+    claim = dict(intent=f"run:{run.run_id}", tool="send_email", business_key="j@x", stable_fields={})
+    first = effects.claim_effect(run_id=run.run_id, call_id="call-1", **claim)
+    assert first.kind == "run"
+    # Asked again without knowing the first claim committed: only this very call's record is its own.
+    assert effects.claim_effect(run_id=run.run_id, call_id="call-1", own_claim_may_exist=True, **claim).kind == "run"
+    assert effects.claim_effect(run_id=run.run_id, call_id="call-2", own_claim_may_exist=True, **claim).kind == "in_doubt"
+    assert effects.claim_effect(run_id=other.run_id, call_id="call-1", own_claim_may_exist=True, **claim).kind == "in_doubt"
+    # Without that word, a started record is a doubt even for its own call.
+    assert effects.claim_effect(run_id=run.run_id, call_id="call-1", **claim).kind == "in_doubt"
+    assert ToolEffect.objects.get(key=first.key).status == EffectStatus.STARTED

@@ -25,7 +25,7 @@ from agents import registry
 from agents.adk import run_coroutine
 from agents.models import AdkEvent
 from memory import services, tasks
-from memory.adk import memory_service
+from memory.adk import LedgerMemoryService, memory_service, to_adk
 from memory.models import MemoryEntry, ScopeRequired
 from runs import lifecycle
 from runs.models import AgentRun, RunStatus
@@ -104,6 +104,20 @@ def test_the_memory_service_never_crosses_owners_or_agents(three_scopes):
     assert search("billing", "alice", "Lyon parcel") == ["Alice pays the Lyon parcel invoice by card."]
     assert search("billing", "bob", "Lyon parcel") == []
     assert search("support", "carol", "Lyon parcel") == []
+
+
+def test_the_agent_loops_search_answers_as_the_orm_search_does(three_scopes):
+    # On PostgreSQL the ADK service sends SQL compiled once on the loop's own connection; on
+    # SQLite it is the ORM search. Either way: the same entries, in the same order, as ADK's.
+    remember("support", "alice", "The Lyon office parcel was late twice.", "Lyon parcel parcel again.")
+    for query in ("Lyon parcel", "office", "the and of", "parcel late", "nothing like it"):
+        expected = services.search_memories(agent="support", owner_id="alice", query=query)
+        response = run_coroutine(memory_service().search_memory(app_name="support", user_id="alice", query=query))
+        assert [memory.id for memory in response.memories] == [entry.event_id for entry in expected], query
+        for memory, entry in zip(response.memories, expected, strict=True):
+            assert memory.model_dump() == to_adk(entry).model_dump()
+    with pytest.raises(ScopeRequired):
+        run_coroutine(memory_service().search_memory(app_name="support", user_id="", query="Lyon"))
 
 
 def test_a_search_without_a_scope_is_an_error_not_a_leak(three_scopes):
@@ -295,13 +309,13 @@ def test_a_second_run_recalls_what_the_owner_said_in_the_first(model_requests):
 def test_memory_is_searched_once_per_run_yet_reaches_every_model_call(model_requests, monkeypatch):
     run_now(owner_id="alice", message="My dog is called Biscuit and he hates thunder.", params=script_params(SAY_DONE))
     searches: list[str] = []
-    original = services.search_memories
+    original = LedgerMemoryService.search_memory
 
-    def counting(**kwargs):
+    async def counting(self, **kwargs):
         searches.append(kwargs["query"])
-        return original(**kwargs)
+        return await original(self, **kwargs)
 
-    monkeypatch.setattr(services, "search_memories", counting)
+    monkeypatch.setattr(LedgerMemoryService, "search_memory", counting)
     model_requests.clear()
     second = run_now(owner_id="alice", message="What is my dog called?", params=script_params(LOOKUP, SEND_EMAIL, SAY_DONE))
 

@@ -37,7 +37,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from agents.adk import adk_database_url, create_adk_engine, create_session_service, run_coroutine
 from agents.models import AdkEvent
 from agents.session_store import SessionStore
-from runs.models import ToolCall, ToolCallStatus
+from runs import effects
+from runs.models import EffectStatus, ToolCall, ToolCallStatus, ToolEffect
 from tests.factories import make_run
 from tests.helpers import BASE_DIR, child_env, postgres_only
 
@@ -636,6 +637,44 @@ def test_a_function_response_answers_its_call_in_the_events_own_statement(store,
     assert call.answered_at is not None
     # PostgreSQL: one statement (the answer is a CTE of the append); SQLite: the hook's UPDATE after it.
     assert sent == (["WITH", "COMMIT"] if connection.vendor == "postgresql" else ["UPDATE", "INSERT", "UPDATE", "COMMIT"])
+
+
+def test_a_function_response_finishes_the_effect_record_its_call_started_in_the_same_write(store, app):
+    ledger_run = make_run()
+    session = run(store.create_session(app_name=app, user_id="u"))
+    run(store.append_event(session, _function_call_event(ledger_run.run_id, "call-1")))
+    claim = effects.claim_effect(run_id=ledger_run.run_id, call_id="call-1", intent=f"run:{ledger_run.run_id}",
+                                 tool="send_email", business_key="j@x", stable_fields={})
+    assert claim.kind == "run"
+    stale = run(store.get_session(app_name=app, user_id="u", session_id=session.id))
+    run(store.append_event(session, user_event(content=types.Content(role="user", parts=[types.Part(text="x")]))))
+
+    # A response that is not stored finishes nothing: the record stays started (in doubt).
+    with pytest.raises(StaleSessionError):
+        run(store.append_event(stale, _function_response_event(ledger_run.run_id, "call-1")))
+    assert ToolEffect.objects.get(key=claim.key).status == EffectStatus.STARTED
+
+    with statements(store) as sent:
+        run(store.append_event(session, _function_response_event(ledger_run.run_id, "call-1")))
+    record = ToolEffect.objects.get(key=claim.key)
+    assert (record.status, record.result) == (EffectStatus.DONE, {"status": "sent"})
+    assert record.finished_at is not None
+    # PostgreSQL: still one statement (a CTE beside the answer); SQLite: one UPDATE more in the hook.
+    assert sent == (
+        ["WITH", "COMMIT"] if connection.vendor == "postgresql" else ["UPDATE", "INSERT", "UPDATE", "UPDATE", "COMMIT"]
+    )
+
+
+def test_a_response_does_not_finish_a_record_whose_tool_raised(store, app):
+    ledger_run = make_run()
+    session = run(store.create_session(app_name=app, user_id="u"))
+    run(store.append_event(session, _function_call_event(ledger_run.run_id, "call-1")))
+    claim = effects.claim_effect(run_id=ledger_run.run_id, call_id="call-1", intent=f"run:{ledger_run.run_id}",
+                                 tool="send_email", business_key="j@x", stable_fields={})
+    effects.note_effect_error(key=claim.key, run_id=ledger_run.run_id, call_id="call-1", error="RuntimeError: boom")
+    run(store.append_event(session, _function_response_event(ledger_run.run_id, "call-1")))
+    # It may have acted before raising: an answer built around the error does not say it is done.
+    assert ToolEffect.objects.get(key=claim.key).status == EffectStatus.STARTED
 
 
 @contextmanager
