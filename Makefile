@@ -135,7 +135,7 @@ bench-smoke: $(VENV)/.bench-installed
 bench-crash: install
 	mkdir -p bench/results
 	CRASH_MATRIX_REPEATS=$(CRASH_MATRIX_REPEATS) CRASH_MATRIX_OUTPUT=bench/results/crash_matrix.json \
-		DATABASE_URL=$(CRASH_DATABASE_URL) $(VENV)/bin/pytest -q tests/test_crash_matrix.py
+		DATABASE_URL=$(CRASH_DATABASE_URL) $(VENV)/bin/pytest -q tests/processes/test_crash_matrix.py
 	$(PY) bench/report.py
 
 clean:

@@ -110,7 +110,7 @@ class _Stage:
 async def _only_asks(tool: Any, tool_args: dict, tool_context: Any) -> bool:
     """True when the tool will not run its function now: it asks for a confirmation first
     (`require_confirmation`), or a person rejected the call. The fault waits, armed, for the
-    attempt that runs it (an approved call's later attempt arms it again, `runs.approvals`)."""
+    attempt that runs it (an approved call's later attempt arms it again, `runs.ledger.approvals`)."""
     confirmation = tool_context.tool_confirmation
     if confirmation is not None:
         return not confirmation.confirmed

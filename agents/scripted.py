@@ -56,7 +56,7 @@ CRASH_POINTS = {"before_effect", "after_effect"}
 # ADK's tool for handing the conversation to another agent; a call step to it is a transfer.
 TRANSFER_TOOL = "transfer_to_agent"
 MAX_SCRIPT_STEPS = 500
-# The journal's column for a call id (runs.models.ToolCall.call_id).
+# The journal's column for a call id (runs.models.ledger.ToolCall.call_id).
 MAX_CALL_ID_CHARS = 128
 # Where each answer sits in its script, stored in its event's custom_metadata.
 SCRIPT_STEP_KEY = "scripted_step"

@@ -17,7 +17,7 @@ and any other ADK tool can share the database), but fewer statements on the path
   write lock instead.
 - The event row is ADK's `StorageEvent`, built by `StorageEvent.from_event` and inserted with
   the mapping's own `before_insert`/`after_insert` hooks run on the same connection, exactly
-  where a flush would run them: the tool journal (runs/journal.py) writes its rows in the
+  where a flush would run them: the tool journal (runs/ledger/journal.py) writes its rows in the
   event's transaction. The unit of work itself is skipped; it cost more than the rest of the
   append together.
 - `get_session` reads the session with its app and user state in one statement and the events
@@ -162,7 +162,7 @@ _APPEND_AND_MERGE = _claim_then_insert(_CLAIM_AND_MERGE)
 class AppendRider(Protocol):
     """Writes that ride in an event's append statement on PostgreSQL instead of following it.
 
-    The ledger installs one (`runs.journal.AnswersRider`: the journal rows a function response
+    The ledger installs one (`runs.ledger.journal.AnswersRider`: the journal rows a function response
     answers, and the effect records it finishes). `sql` gives data-modifying statements (each
     `… RETURNING 1 AS n`) that read the CTE `stored` (the event row just inserted) and bind
     `k_ride_*` parameters; `params` gives them
@@ -189,7 +189,7 @@ def install_append_rider(rider: AppendRider) -> None:
 class AppendFence(Protocol):
     """A condition an event must meet to be stored, checked in the append's own statement.
 
-    The ledger installs one (`runs.leases.EventFence`): an event of a run is stored only while
+    The ledger installs one (`runs.ledger.leases.EventFence`): an event of a run is stored only while
     the attempt that wrote it still holds the run. This module knows no runs: the fence says which
     events it guards (`params`, None for the others), the SQL that must hold (`condition`, binding
     `k_fence_*` parameters) and what a refused event raises (`refused`).

@@ -52,7 +52,7 @@ def measure_pages(args) -> None:
     from django.test.utils import CaptureQueriesContext
     from django.utils import timezone
 
-    from runs.models import AgentRun
+    from runs.models.ledger import AgentRun
 
     if "testserver" not in settings.ALLOWED_HOSTS:
         settings.ALLOWED_HOSTS.append("testserver")

@@ -4,7 +4,7 @@ Fills agentledger_bench_approvals with the desk benchmark's ledger (N runs over 
 bench/desk_overview.py), measures the desk's first page (the peer: the same page on the same
 ledger before any run waits), then adds W waiting runs, each with its open PendingCall (written by
 INSERT … SELECT generate_series on the server, every NOT NULL column filled), and parks --real runs
-for real: each run is claimed into this process's worker pool (runs.worker), where the scripted
+for real: each run is claimed into this process's worker pool (runs.worker.processes), where the scripted
 `support` agent asks for a refund's approval. Then it measures:
 
 - what the waiting runs hold: the worker pool's busy slots, the runs under this process's
@@ -76,12 +76,14 @@ def connection_list() -> list[tuple]:
 
 def park_real_runs(count: int) -> tuple[list, int, int]:
     """Park `count` runs for real, as a worker does: each run is claimed into a worker's run pool
-    (runs.worker), the scripted `support` agent asks for a refund's approval and the run leaves the
+    (runs.worker.processes), the scripted `support` agent asks for a refund's approval and the run leaves the
     pool `waiting`. Returns the ids, and the pool's capacity and busy slots after."""
     from django.conf import settings
 
-    from runs import lifecycle, services, worker
-    from runs.models import AgentRun, RunStatus
+    from runs.ledger import lifecycle
+    from runs.models.ledger import AgentRun, RunStatus
+    from runs.services import run as services
+    from runs.worker import processes as worker
 
     # The pool a worker process runs; each run is claimed by id (the filled ledger holds old
     # queued rows a claim of the oldest would take) and adopted, as the worker does after its claim.
@@ -129,14 +131,14 @@ def main() -> None:
 
         from agents.adk import release_process_resources
         from agents.models import Customer
-        from runs import overview
-        from runs.heartbeat import process_heartbeat
-        from runs.models import AgentRun, RunStatus
+        from runs.execution.heartbeat import process_heartbeat
+        from runs.models.ledger import AgentRun, RunStatus
+        from runs.rules import overview
 
         settings.SCRIPTED_FAULTS_ENABLED = True
         if "testserver" not in settings.ALLOWED_HOSTS:
             settings.ALLOWED_HOSTS.append("testserver")
-        from runs.models import PendingCall
+        from runs.models.approvals import PendingCall
 
         check_fills(AgentRun, WAITING_SQL)
         check_fills(PendingCall, PENDING_SQL)

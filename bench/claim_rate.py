@@ -59,7 +59,7 @@ def activity() -> tuple[int, float]:
 
 def wait_idle_workers(processes: int, *, timeout: float = 120) -> None:
     """Until `processes` workers hold their lock (they are up and listening)."""
-    from runs import presence
+    from runs.ledger import presence
 
     deadline = time.monotonic() + timeout
     while (presence.alive_workers() or 0) < processes:
@@ -69,7 +69,7 @@ def wait_idle_workers(processes: int, *, timeout: float = 120) -> None:
 
 
 def _settled(ids: list, *, timeout: float) -> None:
-    from runs.models import AgentRun, RunStatus
+    from runs.models.ledger import AgentRun, RunStatus
 
     deadline = time.monotonic() + timeout
     while AgentRun.objects.filter(pk__in=ids, status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).exists():
@@ -81,7 +81,8 @@ def _settled(ids: list, *, timeout: float) -> None:
 def backlog(count: int) -> list:
     from django.db import transaction
 
-    from runs import lifecycle, services
+    from runs.ledger import lifecycle
+    from runs.services import run as services
 
     with transaction.atomic():
         runs = [
@@ -94,7 +95,7 @@ def backlog(count: int) -> list:
 
 
 def rate_pass(processes: int, count: int) -> dict:
-    from runs.models import AgentRun, RunStatus
+    from runs.models.ledger import AgentRun, RunStatus
 
     workers = start_runworker(RUN_WORKER_PROCESSES=str(processes), LOG_LEVEL="WARNING")
     try:
@@ -119,8 +120,8 @@ def rate_pass(processes: int, count: int) -> dict:
 
 
 def latency_pass(count: int, **env: str) -> dict:
-    from runs import services
-    from runs.models import AgentRun
+    from runs.models.ledger import AgentRun
+    from runs.services import run as services
 
     workers = start_runworker(RUN_WORKER_PROCESSES="1", LOG_LEVEL="WARNING", **env)
     try:

@@ -198,7 +198,8 @@ def database_activity() -> tuple[int, float]:
 def _start_runs(count: int, latency: float) -> list:
     from django.db import transaction
 
-    from runs import lifecycle, services
+    from runs.ledger import lifecycle
+    from runs.services import run as services
 
     # The whole backlog commits at once (and wakes the workers once): the clock starts with it there.
     with transaction.atomic():
@@ -214,7 +215,7 @@ def _start_runs(count: int, latency: float) -> list:
 def cluster_pass(*, count: int, latency: float, warmup: int, **env: str) -> dict:
     from django.db import connection
 
-    from runs.models import AgentRun, RunStatus
+    from runs.models.ledger import AgentRun, RunStatus
 
     cluster = start_runworker(**env)
     try:
@@ -286,7 +287,7 @@ def cluster_pass(*, count: int, latency: float, warmup: int, **env: str) -> dict
 
 
 def _wait_settled(ids: list, *, timeout: float) -> None:
-    from runs.models import AgentRun, RunStatus
+    from runs.models.ledger import AgentRun, RunStatus
 
     deadline = time.monotonic() + timeout
     while AgentRun.objects.filter(pk__in=ids, status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).exists():

@@ -51,7 +51,7 @@ def measure(args: argparse.Namespace) -> None:
 
     from agents.adk import run_coroutine, session_service
     from agents.models import CrmNote, Customer, OutboxEmail
-    from runs.models import AgentRun, ToolCall, ToolCallStatus
+    from runs.models.ledger import AgentRun, ToolCall, ToolCallStatus
 
     async def _service():
         return session_service()

@@ -104,7 +104,9 @@ def fill(n: int) -> None:
     from django.db import connection
     from django.utils import timezone
 
-    from runs.models import AgentRun, RunSchedule, ScheduleFiring, ToolCall, WebhookEvent, WebhookSource
+    from runs.models.inbox import WebhookEvent, WebhookSource
+    from runs.models.ledger import AgentRun, ToolCall
+    from runs.models.schedules import RunSchedule, ScheduleFiring
 
     check_fills(AgentRun, RUNS_SQL)
     check_fills(ToolCall, CALLS_SQL)
@@ -161,8 +163,8 @@ def measure(args) -> None:
     from django.contrib.auth.models import User
     from django.test import Client
 
-    from runs import overview
-    from runs.models import AgentRun
+    from runs.models.ledger import AgentRun
+    from runs.rules import overview
 
     if "testserver" not in settings.ALLOWED_HOSTS:
         settings.ALLOWED_HOSTS.append("testserver")

@@ -31,7 +31,8 @@ def request_bytes(request) -> int:
 
 def conversation(images: list[bytes]) -> list[int]:
     from agents import scripted
-    from runs import executor, services
+    from runs.execution import executor
+    from runs.services import run as services
 
     sizes: list[int] = []
     seen: list = []

@@ -210,7 +210,8 @@ def measure(args: argparse.Namespace) -> None:
     from agents.session_store import SessionStore
     from memory.adk import memory_service
     from memory.models import MemoryEntry
-    from runs import executor, services
+    from runs.execution import executor
+    from runs.services import run as services
 
     Customer.objects.get_or_create(
         email="jane@example.com", defaults={"name": "Jane Doe", "contact_id": "C-1001", "plan": "pro"}
@@ -624,7 +625,7 @@ def _bench_event(index: int, run_id: uuid.UUID | None = None, lease: uuid.UUID |
 
 def _journal_run(*, leased: bool = False) -> tuple[uuid.UUID, uuid.UUID | None]:
     """A run to journal calls for; `leased`: running under a lease, so every append is fenced."""
-    from runs.models import AgentRun
+    from runs.models.ledger import AgentRun
 
     lease = uuid.uuid4() if leased else None
     run = AgentRun.objects.create(
@@ -687,7 +688,8 @@ def account_events(stores: dict, wires: dict, count: int, run_coroutine) -> dict
 
 def time_parts(run_c, runs: int, store_sessions) -> dict[str, tuple[float, float]]:
     """Where the time of (c) goes: the session store's calls and the ledger's own steps."""
-    from runs import lifecycle, services
+    from runs.ledger import lifecycle
+    from runs.services import run as services
 
     store_class = type(store_sessions)
     timers: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
@@ -742,7 +744,7 @@ def time_parts(run_c, runs: int, store_sessions) -> dict[str, tuple[float, float
 
 
 def executor_module():
-    from runs import executor
+    from runs.execution import executor
 
     return executor
 

@@ -61,7 +61,7 @@ def load_events(first: int, last: int) -> None:
 def load() -> None:
     from django.db import connection
 
-    from runs.models import AgentRun, RunStatus
+    from runs.models.ledger import AgentRun, RunStatus
 
     with connection.cursor() as cursor:
         cursor.execute(SESSIONS_SQL.format(sessions=SESSIONS))
@@ -91,7 +91,7 @@ def main() -> None:
         from django.db import connection, transaction
 
         from agents.models import AdkEvent, AdkSession
-        from runs import retention
+        from runs.upkeep import retention
 
         figures: dict[str, float] = {}
         print(f"loading {SESSIONS:,} sessions and {EVENTS:,} events ({OLD:,} old)")

@@ -60,7 +60,7 @@ def explicit() -> dict[str, str]:
 def load_runs() -> None:
     from django.db import connection
 
-    from runs.models import AgentRun
+    from runs.models.ledger import AgentRun
 
     columns, expressions, params = [], [], []
     EXPLICIT = explicit()
@@ -83,7 +83,7 @@ def load_runs() -> None:
 
 
 def explain_candidates() -> None:
-    from runs import reconcile
+    from runs.ledger import reconcile
 
     by_heartbeat, never_heard = reconcile.candidate_querysets(reconcile.Cutoffs.at())
     print("\nEXPLAIN ANALYZE, stale by heartbeat:")
@@ -93,7 +93,7 @@ def explain_candidates() -> None:
 
 
 def candidate_scan_seconds(repeats: int = 15) -> float:
-    from runs import reconcile
+    from runs.ledger import reconcile
 
     samples = []
     for _ in range(repeats):
@@ -116,8 +116,8 @@ def main() -> None:
         from django.db import connection
         from django.utils import timezone
 
-        from runs import reconcile
-        from runs.models import AgentRun, RunStatus
+        from runs.ledger import reconcile
+        from runs.models.ledger import AgentRun, RunStatus
 
         figures: dict[str, float] = {}
         print(f"loading {TOTAL:,} runs ({STALE:,} stale running, {LIVE:,} live running, {QUEUED} queued)")

@@ -9,7 +9,7 @@ the system started for it) ends in success. Each chain must hold exactly one ema
 
 Then the lost machine: a whole `runworker` (WORKER_HOST=lost) is SIGKILLed, no parent left to
 notice, and another (WORKER_HOST=other) stands for the other machines; its sweep every few seconds
-(`runs.sweeper`) sees the dead processes' advisory locks gone (`runs.presence`) and continues the
+(`runs.worker.sweeper`) sees the dead processes' advisory locks gone (`runs.ledger.presence`) and continues the
 run, without waiting for staleness.
 
 Last, the price of fencing per durable event: statements, round trips and commits of one
@@ -85,7 +85,7 @@ def _wait_for(predicate, *, seconds: float):
 
 
 def _chain(run_id) -> list:
-    from runs.models import AgentRun
+    from runs.models.ledger import AgentRun
 
     chain = [AgentRun.objects.get(pk=run_id)]
     while (nxt := AgentRun.objects.filter(resume_of=chain[-1]).first()) is not None:
@@ -94,7 +94,7 @@ def _chain(run_id) -> list:
 
 
 def _start(index: int):
-    from runs import services
+    from runs.services import run as services
 
     email = {"call": "send_email", "args": {"to": f"c{index}-{uuid.uuid4().hex[:6]}@example.com",
                                              "subject": "Refund", "body": "Your refund is on its way."}}
@@ -103,7 +103,7 @@ def _start(index: int):
 
 
 def _between_two_tools(run) -> bool:
-    from runs.models import ToolCall
+    from runs.models.ledger import ToolCall
 
     return ToolCall.objects.filter(run_id=run.run_id, tool_name="send_email", status="answered").exists()
 
@@ -126,7 +126,7 @@ def kill_workers(kills: int) -> tuple[list[float], list[dict]]:
             if not _wait_for(lambda run=run: _between_two_tools(run), seconds=120):
                 rounds.append({"round": index, "outcome": "never reached the second tool"})
                 continue
-            from runs.models import AgentRun
+            from runs.models.ledger import AgentRun
 
             worker = AgentRun.objects.get(pk=run.pk).worker
             os.kill(int(worker.rsplit(":", 1)[1].split("/", 1)[0]), signal.SIGKILL)
@@ -151,7 +151,7 @@ def lose_machines(count: int) -> tuple[list[float], list[dict]]:
     """A whole runworker dies; another one (another machine) is left: its sweep sees the locks gone."""
     from django.conf import settings
 
-    from runs.periodic_jobs import setup_schedules
+    from runs.upkeep.periodic_jobs import setup_schedules
 
     setup_schedules()
     seconds, rounds = [], []

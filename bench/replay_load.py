@@ -47,7 +47,7 @@ def make_runs(count: int) -> tuple[str, list[str], set[str]]:
     from django.utils import timezone
     from rest_framework.authtoken.models import Token
 
-    from runs.models import AgentRun, RunStatus
+    from runs.models.ledger import AgentRun, RunStatus
 
     # An internal tool's account, as the manual's (docs/api.md): it acts for its end users.
     user = get_user_model().objects.create_user("bench-tool", password=None)
@@ -185,7 +185,7 @@ def one_client(url: str, token: str, ids: list[str], requests: int, seed: int) -
 def replays_per_run(allowed: set[str]) -> dict:
     from django.db.models import Count, Max
 
-    from runs.models import AgentRun
+    from runs.models.ledger import AgentRun
 
     per_run = (
         AgentRun.objects.filter(replay_of__isnull=False).values("replay_of").annotate(n=Count("pk"))

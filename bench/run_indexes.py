@@ -45,8 +45,9 @@ def _backend_cpu_ms(pid: int) -> float:
 def measure(args: argparse.Namespace) -> None:
     from django.db import connection
 
-    from runs import lifecycle, services
-    from runs.models import AgentRun, RunStatus
+    from runs.ledger import lifecycle
+    from runs.models.ledger import AgentRun, RunStatus
+    from runs.services import run as services
 
     with connection.cursor() as cursor:
         cursor.execute(

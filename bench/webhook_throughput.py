@@ -13,7 +13,7 @@ duplicates (events stored twice, or processed by two successful runs), 0 lost (e
 settled).
 
 Peer, in the same run: the same number of runs of the same agent and script, started directly
-with `runs.services.start_run` (no inbox, no HTTP) and executed by 4 worker processes. The
+with `runs.services.run.start_run` (no inbox, no HTTP) and executed by 4 worker processes. The
 ratio says what the inbox costs on top of the run ledger. Drops the database at the end.
 """
 
@@ -53,7 +53,9 @@ os.environ.setdefault("EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBa
 INBOX_WORKER = """
 import time, django
 django.setup()
-from runs import executor, lifecycle, services  # noqa: F401 - imports ADK before saying ready
+from runs.execution import executor
+from runs.ledger import lifecycle
+from runs.services import run as services  # noqa: F401 - imports ADK before saying ready
 from runs.inbox import processing  # noqa: F401
 print("ready", flush=True)
 worker = lifecycle.worker_name()
@@ -65,8 +67,8 @@ while True:
 DIRECT_WORKER = """
 import random, sys, time, django
 django.setup()
-from runs import executor
-from runs.models import AgentRun
+from runs.execution import executor
+from runs.models.ledger import AgentRun
 print("ready", flush=True)
 while True:
     queued = list(AgentRun.objects.filter(status="queued").order_by("created_at").values_list("pk", flat=True)[:16])
@@ -122,7 +124,7 @@ def start_server(port: int) -> subprocess.Popen:
 
 
 def settled_count() -> int:
-    from runs.models import WebhookEvent
+    from runs.models.inbox import WebhookEvent
 
     return WebhookEvent.objects.filter(status__in=["done", "needs_review", "dead"]).count()
 
@@ -131,7 +133,8 @@ def inbox_run(events: int, port: int) -> dict:
     import httpx
 
     from runs.inbox.signing import sign_timestamped
-    from runs.models import AgentRun, WebhookEvent
+    from runs.models.inbox import WebhookEvent
+    from runs.models.ledger import AgentRun
 
     bodies = [json.dumps({"from": "jane@example.com", "text": f"Question {n}", "n": n}).encode() for n in range(events)]
     message_ids = [f"bench-{uuid.uuid4()}" for _ in range(events)]
@@ -212,7 +215,7 @@ def inbox_run(events: int, port: int) -> dict:
 
 
 def direct_run(events: int) -> float:
-    from runs import services
+    from runs.services import run as services
 
     for n in range(events):
         services.start_run(agent_name="support", message=f"Question {n}", owner_id="direct-owner",
@@ -234,7 +237,7 @@ def main() -> None:
 
     with bench_database("webhooks"):
         from agents.models import Customer
-        from runs.models import WebhookSource
+        from runs.models.inbox import WebhookSource
 
         Customer.objects.get_or_create(email="jane@example.com",
                                        defaults={"name": "Jane Doe", "contact_id": "C-1001", "plan": "pro"})

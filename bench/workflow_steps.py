@@ -58,9 +58,10 @@ def measure(args: argparse.Namespace) -> None:
     from agents.models import Customer
     from agents.services import save_workflow, workflow_snapshot
     from agents.workflows import compile_workflow
-    from runs import executor, services
+    from runs.execution import executor
     from runs.management.commands.seed_demo import DEMO_CUSTOMERS
-    from runs.models import AgentRun, RunStatus, RunStep
+    from runs.models.ledger import AgentRun, RunStatus, RunStep
+    from runs.services import run as services
 
     for customer in DEMO_CUSTOMERS:
         Customer.objects.get_or_create(email=customer["email"], defaults=customer)

@@ -313,7 +313,7 @@ APPROVAL_TIMEOUT_SECONDS = env_int("APPROVAL_TIMEOUT_SECONDS", 259_200, minimum=
 # A confirmation stands for a second person: whoever started a run may not approve its calls unless this is true.
 APPROVAL_BY_STARTER_ALLOWED = env_bool("APPROVAL_BY_STARTER_ALLOWED", False)
 RUN_TIMEOUT_SECONDS = env_int("RUN_TIMEOUT_SECONDS", 1800, minimum=1)
-# Runs one worker process keeps in flight on its agent loop (runs.worker); it claims another run
+# Runs one worker process keeps in flight on its agent loop (runs.worker.processes); it claims another run
 # from the ledger only when one of these slots is free.
 RUN_CONCURRENCY = env_int("RUN_CONCURRENCY", 100, minimum=1)
 # Worker processes `manage.py runworker` starts on this machine (each up to RUN_CONCURRENCY runs).
@@ -330,7 +330,7 @@ WORKER_HOST = env_str("WORKER_HOST", "")
 # On SIGTERM a worker lets its runs finish this long, then aborts the rest (`worker_shutdown`).
 RUN_DRAIN_SECONDS = env_float("RUN_DRAIN_SECONDS", 30.0, minimum=0)
 # A run that died (reconciled, or aborted by a drain) is continued by the system as a resume when
-# its resume decision needs no person (runs.recovery): `resume` (the default) or `off`.
+# its resume decision needs no person (runs.upkeep.recovery): `resume` (the default) or `off`.
 RUN_RECOVERY = env_str("RUN_RECOVERY", "resume").lower()
 if RUN_RECOVERY not in ("resume", "off"):
     raise ImproperlyConfigured(f"RUN_RECOVERY={RUN_RECOVERY!r} must be resume or off.")
@@ -339,7 +339,7 @@ RUN_RECOVERY_ATTEMPTS = env_int("RUN_RECOVERY_ATTEMPTS", 3, minimum=0)
 RUN_RECOVERY_BACKOFF_SECONDS = env_float("RUN_RECOVERY_BACKOFF_SECONDS", 5.0, minimum=0)
 EVENTS_RETENTION_DAYS = env_int("EVENTS_RETENTION_DAYS", 90, minimum=1)
 PURGE_BATCH_SIZE = env_int("PURGE_BATCH_SIZE", 5000, minimum=1)
-if PURGE_BATCH_SIZE > 100_000:  # runs.retention.MAX_BATCH_SIZE
+if PURGE_BATCH_SIZE > 100_000:  # runs.upkeep.retention.MAX_BATCH_SIZE
     raise ImproperlyConfigured(
         f"PURGE_BATCH_SIZE={PURGE_BATCH_SIZE} is too large: at most 100000 events per batch keeps "
         "each purge transaction short."
@@ -518,7 +518,7 @@ THROTTLE_RATES = {
     # Failed token authentications per client address (config/lib/auth.py): guessing keys is paced.
     "auth.failed_token": env_rate("THROTTLE_FAILED_TOKENS", "20/min"),
 }
-# Work in flight per user (runs/quotas.py); 0 lifts a cap.
+# Work in flight per user (runs/rules/quotas.py); 0 lifts a cap.
 MAX_RUNS_IN_FLIGHT_PER_USER = env_int("MAX_RUNS_IN_FLIGHT_PER_USER", 100, minimum=0)
 MAX_CHAT_STREAMS_PER_USER = env_int("MAX_CHAT_STREAMS_PER_USER", 5, minimum=0)
 
@@ -544,12 +544,12 @@ SPECTACULAR_SETTINGS = {
         "config.lib.auth.add_auth_pacing_to_schema",
     ],
     "ENUM_NAME_OVERRIDES": {
-        "RunStatusEnum": "runs.models.RunStatus",
-        "ToolCallStatusEnum": "runs.models.ToolCallStatus",
-        "TriggerEnum": "runs.models.Trigger",
-        "SettledOutcomeEnum": "runs.models.SettledOutcome",
-        "EffectsEnum": "runs.models.EffectsChoice",
-        "CallDecisionEnum": "runs.models.Decision",
+        "RunStatusEnum": "runs.models.ledger.RunStatus",
+        "ToolCallStatusEnum": "runs.models.ledger.ToolCallStatus",
+        "TriggerEnum": "runs.models.ledger.Trigger",
+        "SettledOutcomeEnum": "runs.models.ledger.SettledOutcome",
+        "EffectsEnum": "runs.models.ledger.EffectsChoice",
+        "CallDecisionEnum": "runs.models.approvals.Decision",
         "PersonDecisionEnum": "runs.models.approvals.PERSON_DECISIONS",
     },
 }

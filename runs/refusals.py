@@ -31,7 +31,7 @@ class RunNotFound(Refusal):
 
 
 class ReplayRefused(Refusal):
-    """A refusal of `runs.replay.decide`."""
+    """A refusal of `runs.rules.replay.decide`."""
 
     forceable = False
 
@@ -53,7 +53,7 @@ class RunInFlight(ReplayRefused):
 
 
 class RunWaiting(ReplayRefused):
-    """The run waits for a person's decision or a long-running call's result (runs.approvals)."""
+    """The run waits for a person's decision or a long-running call's result (runs.ledger.approvals)."""
 
     status = 409
     code = "run_waiting"
@@ -65,7 +65,7 @@ class ReplayInFlight(ReplayRefused):
 
 
 class ResumeInFlight(ReplayRefused):
-    """A resume of the run (runs.resume) is still continuing it in its session."""
+    """A resume of the run (runs.rules.resume) is still continuing it in its session."""
 
     status = 409
     code = "resume_in_flight"
@@ -301,7 +301,7 @@ class CancelNotPermitted(Refusal):
 
 
 class ResumeRefused(Refusal):
-    """A refusal of `runs.resume.decide_resume`: each says what to do instead (settle, replay, wait)."""
+    """A refusal of `runs.rules.resume.decide_resume`: each says what to do instead (settle, replay, wait)."""
 
 
 class ResumeRunWaiting(ResumeRefused):
@@ -371,9 +371,9 @@ class ConversationMovedOn(ResumeRefused):
 
 
 # --- The orders the rules check in -------------------------------------------------------------------
-# The first refusal that applies answers. `runs.replay.decide` and `runs.resume.decide_resume` check
+# The first refusal that applies answers. `runs.rules.replay.decide` and `runs.rules.resume.decide_resume` check
 # in these orders; the manual's tables (docs/runs.md), the API's descriptions and docs/architecture.md say them
-# (the API's are written from these tuples), and tests/test_docs_truth.py holds all of them to it.
+# (the API's are written from these tuples), and tests/config/test_docs_truth.py holds all of them to it.
 
 REPLAY_REFUSAL_ORDER: tuple[type[ReplayRefused], ...] = (
     RunWaiting,

@@ -1,12 +1,13 @@
 """django-q2 task entry points of the periodic jobs: thin doors onto the services. Each is safe to run twice.
 
 Runs and webhook events never pass through django-q2: worker processes claim them from their
-tables (runs.worker).
+tables (runs.worker.processes).
 """
 
-from runs import approvals, reconcile, recovery, retention, stored_data
 from runs.inbox import processing
+from runs.ledger import approvals, reconcile
 from runs.schedules import services as scheduling
+from runs.upkeep import recovery, retention, stored_data
 
 
 def reconcile_runs() -> str:

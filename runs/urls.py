@@ -3,8 +3,8 @@
 from django.contrib import admin
 from django.urls import path
 
-from runs import metrics
 from runs.admin.overview import desk_overview
+from runs.upkeep import metrics
 
 urlpatterns = [
     # Inside /admin/ so the desk shares the admin's login, look and permissions.

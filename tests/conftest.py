@@ -87,7 +87,7 @@ def _test_settings(settings, tmp_path):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.SCRIPTED_FAULTS_ENABLED = True
     settings.SCRIPTS_FROM_USERS_ALLOWED = True
-    # Limits are tested where they are the subject (tests/test_limits.py); elsewhere a test may
+    # Limits are tested where they are the subject (tests/config/test_limits.py); elsewhere a test may
     # start many runs and log in as it likes.
     settings.THROTTLE_RATES = {scope: None for scope in settings.THROTTLE_RATES}
     settings.AXES_ENABLED = False
@@ -101,7 +101,7 @@ def _test_settings(settings, tmp_path):
     # A heartbeat of its own for each test: the thread an earlier test left behind (its runs still
     # finishing as it ended) may be sleeping out the 10 s interval that test's teardown restored,
     # and this test's runs would not beat until it woke.
-    from runs import heartbeat
+    from runs.execution import heartbeat
 
     heartbeat._state.update(pid=None, heartbeat=None)
 
@@ -110,7 +110,7 @@ def _test_settings(settings, tmp_path):
 def no_worker(monkeypatch):
     """No worker runs in this test: runs started are written but not enqueued (the broker stays
     empty), so nothing executes behind the test's back."""
-    from runs import lifecycle
+    from runs.ledger import lifecycle
 
     monkeypatch.setattr(lifecycle, "announce_run", lambda run_id: None)
 

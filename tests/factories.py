@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from runs import services
-from runs.models import AgentRun, RunStatus, ToolCall, ToolCallStatus
+from runs.models.ledger import AgentRun, RunStatus, ToolCall, ToolCallStatus
+from runs.services import run as services
 
 TOOLS_UNKNOWN_API = (
     "It is unknown whether this run called any tool before failing, so a replay could repeat a side "

@@ -33,7 +33,7 @@ from agents.registry import AGENTS
 from agents.workflows import WorkflowGraphError
 from config.lib.text import hidden_character
 from memory import services as memory_services
-from runs.models import AgentRun, RunStatus
+from runs.models.ledger import AgentRun, RunStatus
 from tests.factories import make_run, with_journal
 
 SEEDED_RUN_IDS = [uuid.UUID(int=n) for n in (0x5EED1, 0x5EED2, 0x5EED3)]

@@ -20,7 +20,8 @@ from django.db import connection
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from runs import executor, services
+from runs.execution import executor
+from runs.services import run as services
 
 BASE_DIR = Path(django_settings.BASE_DIR)
 
@@ -255,7 +256,7 @@ stop_cluster = stop_workers = stop_group
 
 def chain_end(run):
     """The last run of `run`'s chain of resumes and replays (the run itself if it has none)."""
-    from runs.models import AgentRun
+    from runs.models.ledger import AgentRun
 
     current = AgentRun.objects.get(pk=run.pk)
     while True:
@@ -269,7 +270,7 @@ def chain_ids(run) -> list:
     """`run` and the runs that continue it (resumes, replays), in order."""
     from django.db.models import Q
 
-    from runs.models import AgentRun
+    from runs.models.ledger import AgentRun
 
     ids, current = [run.pk], run
     while (nxt := AgentRun.objects.filter(Q(resume_of=current) | Q(replay_of=current)).first()) is not None:

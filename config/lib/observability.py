@@ -1,6 +1,6 @@
 """Traces and logs that name the run they belong to.
 
-One context variable, `current_run_id`, is set while a run executes (`runs.telemetry`). ADK
+One context variable, `current_run_id`, is set while a run executes (`runs.execution.telemetry`). ADK
 creates its tasks inside that context, so everything the run does sees it:
 
 - `RunIdSpanProcessor` stamps it on every span started meanwhile (ADK's agent, model and tool

@@ -3,9 +3,9 @@
 The a2a-sdk serves the protocol (JSON-RPC, the 1.0 methods and the 0.3 names, SSE, its errors);
 this handler answers each method from the ledger's services: a new message starts a run (trigger
 `a2a`, executed by a worker like any run, so a task survives the web server), a message on an
-`input-required` task is the decision or result its run waits for (`runs.approvals`, through
+`input-required` task is the decision or result its run waits for (`runs.ledger.approvals`, through
 `runs.adkwire.turns.answer_waiting`), `tasks/get` reads the run, `tasks/cancel` is
-`runs.services.cancel_run`. The owner rule decides whose runs a caller may start and read.
+`runs.services.run.cancel_run`. The owner rule decides whose runs a caller may start and read.
 """
 
 from __future__ import annotations
@@ -51,11 +51,12 @@ from google.genai import types
 from agents.adk import session_service
 from agents.models import AdkSession
 from config.lib.refusals import Refusal
-from runs import permissions, services, visibility
 from runs.a2a import tasks
 from runs.adkwire import stream, turns
-from runs.models import AgentRun, RunStatus, Trigger
+from runs.models.ledger import AgentRun, RunStatus, Trigger
 from runs.refusals import RunAlreadySettled, RunNotFound
+from runs.rules import permissions, visibility
+from runs.services import run as services
 
 CANCEL_WAIT_SECONDS = 15.0
 

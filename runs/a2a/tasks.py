@@ -34,8 +34,9 @@ from google.adk.events.event import Event
 from google.genai import types
 
 from agents.models import AdkEvent
-from runs.models import AgentRun, PendingCall, RunStatus
-from runs.public_text import public_error_message
+from runs.models.approvals import PendingCall
+from runs.models.ledger import AgentRun, RunStatus
+from runs.rules.public_text import public_error_message
 
 STATES = {
     RunStatus.QUEUED: TaskState.TASK_STATE_WORKING,

@@ -3,9 +3,9 @@
 A new message is executed on the server's loop (`runs.chat.turns.ChatTurn`, the chat's own
 machinery): its events stream as ADK yields them, and a client that leaves aborts the invocation
 so the run settles `cancelled` with its tools listed. A run that goes on after its waiting calls
-were answered is continued by a worker, like every answered run (`runs.approvals`): its events
+were answered is continued by a worker, like every answered run (`runs.ledger.approvals`): its events
 are read from the session as they are stored, until the run settles or waits again; a client
-that leaves cancels it through `runs.services.cancel_run`.
+that leaves cancels it through `runs.services.run.cancel_run`.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from google.adk.events.event import Event
 
 from agents.models import AdkEvent
 from config.lib.refusals import Refusal
-from runs import services
 from runs.chat import turns as chat
-from runs.models import AgentRun, RunStatus
-from runs.public_text import public_error_message
+from runs.models.ledger import AgentRun, RunStatus
+from runs.rules.public_text import public_error_message
+from runs.services import run as services
 
 logger = logging.getLogger(__name__)
 

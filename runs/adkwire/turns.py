@@ -1,9 +1,9 @@
 """What a request on ADK's wires may do: sessions under the owner rule, a turn as a ledger run, an
 answer to a waiting call as a decision (docs/architecture.md, "ADK's own wires").
 
-Every function here is a door onto the ledger's own services: `runs.services.start_run` writes the
-run (trigger `adk` or `a2a`), `runs.approvals.decide_call` / `give_result` take an answer, and the
-owner rule and visibility are `runs.permissions` / `runs.visibility`. Nothing here appends to a
+Every function here is a door onto the ledger's own services: `runs.services.run.start_run` writes the
+run (trigger `adk` or `a2a`), `runs.ledger.approvals.decide_call` / `give_result` take an answer, and the
+owner rule and visibility are `runs.rules.permissions` / `runs.rules.visibility`. Nothing here appends to a
 session: the only events a session gets from these wires are its runs'.
 """
 
@@ -25,8 +25,11 @@ from agents.models import AdkSession
 from agents.registry import UnknownAgentError, get_agent_spec
 from config.lib.refusals import Refusal
 from config.lib.user_params import scripts_refusal
-from runs import approvals, permissions, services
-from runs.models import UNSETTLED, AgentRun, Decision, PendingCall, RunStatus, Trigger, WaitKind
+from runs.ledger import approvals
+from runs.models.approvals import Decision, PendingCall, WaitKind
+from runs.models.ledger import UNSETTLED, AgentRun, RunStatus, Trigger
+from runs.rules import permissions
+from runs.services import run as services
 
 MAX_SESSION_ID_CHARS = 128
 

@@ -35,7 +35,7 @@ from config.lib.refusals import Refusal
 from config.lib.throttles import CHAT_TURN, throttle_wait
 from runs.adkwire import stream, turns
 from runs.api.chat import authenticate
-from runs.models import AgentRun
+from runs.models.ledger import AgentRun
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
-"""The run desk's actions: doors onto runs.services, with the same refusals as the API.
+"""The run desk's actions: doors onto runs.services.run, with the same refusals as the API.
 
 Refusals are worded for the admin (“Use “Force replay…” …” instead of “Pass force=true …”) and
 reported once per run. Replaying and cancelling need the same permissions as the API's doors
-(`runs.permissions`): each action is offered to holders of its permission, and to people with
+(`runs.rules.permissions`): each action is offered to holders of its permission, and to people with
 runs of their own (which need none); someone else's run is then refused per run by the service.
 """
 
@@ -15,9 +15,11 @@ from django.http import HttpResponseRedirect
 from django.urls import reverse
 
 from config.lib.admin import ActionChoice, ReasonedAction, act_on_each, back, confirm_with_reason
-from runs import permissions, reconcile, services
-from runs import replay as rules
-from runs.models import AgentRun, EffectsChoice, RunStatus
+from runs.ledger import reconcile
+from runs.models.ledger import AgentRun, EffectsChoice, RunStatus
+from runs.rules import permissions
+from runs.rules import replay as rules
+from runs.services import run as services
 
 
 def run_label(run: AgentRun) -> str:

@@ -1,4 +1,4 @@
-"""Deciding on a call that waits, from the run page: a door onto runs.approvals.
+"""Deciding on a call that waits, from the run page: a door onto runs.ledger.approvals.
 
 The page shows each call the run waits for, with an approve / reject form to holders of
 `runs.approve_toolcall` (a result form for a long-running call to holders of
@@ -14,10 +14,12 @@ from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 
 from config.lib import safe_json
 from config.lib.refusals import Refusal
-from runs import approvals, permissions
 from runs.admin.actions import change_url
-from runs.models import AgentRun, Decision, PendingCall
+from runs.ledger import approvals
+from runs.models.approvals import Decision, PendingCall
+from runs.models.ledger import AgentRun
 from runs.refusals import PayloadNotAllowed
+from runs.rules import permissions
 
 
 def approvals_context(run: AgentRun, *, user) -> dict:

@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from config.lib.admin import CappedCountPaginator, ReadOnlyAdminMixin
-from runs.models import ToolEffect
+from runs.models.effects import ToolEffect
 
 
 @admin.register(ToolEffect)

@@ -6,7 +6,8 @@ from django.contrib import admin
 
 from agents.models import WorkflowDefinition
 from agents.registry import AGENTS
-from runs import overview, reconcile
+from runs.ledger import reconcile
+from runs.rules import overview
 
 
 class AgentFilter(admin.SimpleListFilter):

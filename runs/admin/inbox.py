@@ -1,10 +1,10 @@
 """The webhook inbox in the admin: sources (configured here) and events (records, with a desk).
 
-Event actions are doors onto runs.inbox.desk like the run desk's onto runs.services: the same
+Event actions are doors onto runs.inbox.desk like the run desk's onto runs.services.run: the same
 rules, one message per event. Processing an event again is a replay of a run nobody in particular
 started: “Retry now” needs `runs.replay_agentrun`, “Force reprocess…” that and the force permission;
 “Mark resolved” needs `runs.resolve_webhookevent`. Saving a source for an owner needs that the
-staff member may act for that owner (`runs.permissions`).
+staff member may act for that owner (`runs.rules.permissions`).
 """
 
 from __future__ import annotations
@@ -34,12 +34,15 @@ from config.lib.admin import (
     confirm_with_reason,
     object_buttons,
 )
-from runs import permissions, services
-from runs import replay as rules
 from runs.admin.actions import called_tools, change_url, journal_rows
 from runs.admin.owners import OwnerCheckedAdminMixin
-from runs.inbox import attempts, desk, refusals, sources
-from runs.models import AgentRun, WebhookEvent, WebhookSource
+from runs.inbox import attempts, desk, refusals
+from runs.inputs import sources
+from runs.models.inbox import WebhookEvent, WebhookSource
+from runs.models.ledger import AgentRun
+from runs.rules import permissions
+from runs.rules import replay as rules
+from runs.services import run as services
 
 # --- Sources ---------------------------------------------------------------------------------------
 

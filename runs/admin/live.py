@@ -13,8 +13,9 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 
-from runs import timeline
-from runs.models import UNSETTLED, AgentRun, PendingCall, RunStatus
+from runs.ledger import timeline
+from runs.models.approvals import PendingCall
+from runs.models.ledger import UNSETTLED, AgentRun, RunStatus
 
 TEMPLATE = "admin/runs/agentrun/live.html"
 POLL_MILLISECONDS = 1500

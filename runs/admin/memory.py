@@ -1,4 +1,4 @@
-"""Long-term memories in the admin, read under the owner rule (runs.permissions), as `/api/memory/` reads them.
+"""Long-term memories in the admin, read under the owner rule (runs.rules.permissions), as `/api/memory/` reads them.
 
 `memory` owns the admin class and knows no users or grants; registering it here lets the same
 rule decide for every door: a staff member with `memory.view_memoryentry` sees the memories of
@@ -12,7 +12,7 @@ from django.contrib import admin
 
 from memory.admin import MemoryEntryAdmin
 from memory.models import MemoryEntry
-from runs import permissions
+from runs.rules import permissions
 
 
 @admin.register(MemoryEntry)

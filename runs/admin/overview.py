@@ -1,6 +1,6 @@
 """The desk's first page: what needs a person now, each count a link to exactly its rows.
 
-The counts come from `runs.overview`; this module only checks who may look, builds the links
+The counts come from `runs.rules.overview`; this module only checks who may look, builds the links
 and draws the runs-per-hour chart as server-side SVG (readable without JavaScript).
 """
 
@@ -19,10 +19,11 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.timesince import timesince
 
-from runs import overview
-from runs.models import EventStatus, RunStatus
-from runs.overview import Bucket, CappedCount
+from runs.models.inbox import EventStatus
+from runs.models.ledger import RunStatus
 from runs.refusals import CallsInDoubt, ToolsCalled, ToolsUnknown
+from runs.rules import overview
+from runs.rules.overview import Bucket, CappedCount
 
 # One colour per outcome, in stacking order (bottom first); queued/running on top.
 STATUS_COLOURS = {

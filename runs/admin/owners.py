@@ -1,7 +1,7 @@
 """Who may act for whom, in the admin: owner grants (configuration), and the owner rule on staff's forms.
 
 A form that fixes an owner for runs nobody starts by hand (a schedule, a webhook source, a grant)
-is saved only by a staff member who may act for that owner themselves (`runs.permissions`), so a
+is saved only by a staff member who may act for that owner themselves (`runs.rules.permissions`), so a
 system trigger's owner was always chosen under the rule.
 """
 
@@ -11,15 +11,15 @@ from django import forms
 from django.contrib import admin
 
 from config.lib.admin import CheckedSelectionMixin
-from runs import permissions
-from runs.faults import faults_in, may_place_faults
-from runs.models import OwnerGrant
+from runs.models.owners import OwnerGrant
 from runs.refusals import FaultsNotPermitted, OwnerNotPermitted
+from runs.rules import permissions
+from runs.rules.faults import faults_in, may_place_faults
 
 
 def owner_checked(form_class: type[forms.ModelForm], *, actor) -> type[forms.ModelForm]:
     """`form_class`, refusing an `owner_id` that `actor` may not act for (an error on the field, naming it)
-    and `params` carrying scripted faults when `actor` may not place them (`runs.faults`)."""
+    and `params` carrying scripted faults when `actor` may not place them (`runs.rules.faults`)."""
 
     class OwnerCheckedForm(form_class):
         def clean(self):

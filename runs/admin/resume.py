@@ -1,4 +1,4 @@
-"""The run page's Resume button: a confirmation page with the preview, then `runs.services.resume_run`.
+"""The run page's Resume button: a confirmation page with the preview, then `runs.services.run.resume_run`.
 
 The page shows, per selected run, what a resume would do now (`decide_resume`): the refusal in
 its own words, or how each dangling call would be answered and what the model will see. The
@@ -15,9 +15,10 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseRedirect
 
 from config.lib.admin import act_on_each, back, confirmation_page
-from runs import permissions, resume, services
 from runs.admin.actions import change_url, run_label
-from runs.models import AgentRun
+from runs.models.ledger import AgentRun
+from runs.rules import permissions, resume
+from runs.services import run as services
 
 TEMPLATE = "admin/runs/agentrun/resume_confirmation.html"
 

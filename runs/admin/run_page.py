@@ -18,10 +18,11 @@ from django.utils.html import format_html, format_html_join
 
 from agents.workflow_html import GRAPH_CSS, render_graph
 from config.lib.admin import ObjectButton
-from runs import chain, permissions
-from runs import replay as rules
 from runs.admin.actions import change_url
-from runs.models import UNSETTLED, AgentRun, RunStatus
+from runs.ledger import chain
+from runs.models.ledger import UNSETTLED, AgentRun, RunStatus
+from runs.rules import permissions
+from runs.rules import replay as rules
 
 
 def tools_label(run: AgentRun) -> str:
@@ -204,7 +205,7 @@ def outcome_context(run: AgentRun, *, waiting_calls, calls_in_doubt) -> dict:
 def page_buttons(modeladmin, request, run: AgentRun, *, decision: dict, resume_decision) -> list[ObjectButton]:
     """The run page's buttons: what the rules allow now; what they refuse is shown greyed, with why.
 
-    The reasons are the rules' own (runs.replay.decide, runs.resume.decide_resume), never re-derived."""
+    The reasons are the rules' own (runs.rules.replay.decide, runs.rules.resume.decide_resume), never re-derived."""
     buttons = []
     if modeladmin.has_replay_permission(request, run):
         buttons.append(ObjectButton("replay_selected", "Replay", "replay-button",

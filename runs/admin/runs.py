@@ -18,11 +18,12 @@ from config.lib.admin import (
     ReadOnlyAdminMixin,
     object_buttons,
 )
-from runs import call_states, permissions, reconcile, resume, timeline
 from runs.admin import actions, approvals, live, run_page, settle
 from runs.admin.filters import AgentFilter, DeskFilter, StaleRunningFilter, ToolsStateFilter
 from runs.admin.resume import resume_selected
-from runs.models import UNSETTLED, AgentRun, ToolCall
+from runs.ledger import reconcile, timeline
+from runs.models.ledger import UNSETTLED, AgentRun, ToolCall
+from runs.rules import call_states, permissions, resume
 from runs.templatetags import ledger
 
 
@@ -55,7 +56,7 @@ class ToolCallInline(ReadOnlyAdminMixin, admin.TabularInline):
 
     @admin.display(description="state")
     def state(self, call: ToolCall) -> str:
-        # runs.call_states: the same words the API's `state` and the run list say.
+        # runs.rules.call_states: the same words the API's `state` and the run list say.
         state = call_states.states_of(call.run, [call])[call.call_id]
         return ledger.badge(state.label, state.tone)
 
@@ -159,7 +160,7 @@ class AgentRunAdmin(CheckedSelectionMixin, PrimaryKeySearchMixin, ReadOnlyAdminM
     def has_force_replay_permission(self, request, obj=None):
         return permissions.may_force_replay(user=request.user)
 
-    # The actions' gates ask what the API asks (runs.permissions); each run is still checked by
+    # The actions' gates ask what the API asks (runs.rules.permissions); each run is still checked by
     # the service, so someone else's run without the permission is refused on its own line.
     def has_replay_permission(self, request, obj=None):
         user = request.user

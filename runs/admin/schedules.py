@@ -7,7 +7,7 @@ from django.utils.html import format_html
 from config.lib.admin import CheckedSelectionMixin, ReadOnlyAdminMixin
 from runs.admin.filters import SkippedRecentlyFilter
 from runs.admin.owners import OwnerCheckedAdminMixin
-from runs.models import RunSchedule, ScheduleFiring
+from runs.models.schedules import RunSchedule, ScheduleFiring
 
 
 class ScheduleFiringInline(ReadOnlyAdminMixin, admin.TabularInline):

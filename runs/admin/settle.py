@@ -1,4 +1,4 @@
-"""Settling a call in doubt from the run page: a door onto runs.effects.settle_call.
+"""Settling a call in doubt from the run page: a door onto runs.ledger.effects.settle_call.
 
 The page shows a small form per call in doubt to those who hold `runs.settle_toolcall`; the
 service checks the permission again, so a crafted post gets the same refusal as the API.
@@ -11,10 +11,11 @@ from django.contrib.admin.utils import unquote
 from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 
 from config.lib.refusals import Refusal
-from runs import effects, permissions
-from runs import replay as rules
 from runs.admin.actions import change_url
-from runs.models import AgentRun, SettledOutcome, ToolCall
+from runs.ledger import effects
+from runs.models.ledger import AgentRun, SettledOutcome, ToolCall
+from runs.rules import permissions
+from runs.rules import replay as rules
 
 
 def settle_context(run: AgentRun, facts: rules.ReplayFacts, *, user) -> dict:

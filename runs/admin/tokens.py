@@ -18,7 +18,7 @@ from rest_framework.authtoken.admin import TokenAdmin as DRFTokenAdmin
 from rest_framework.authtoken.models import TokenProxy
 
 from config.lib.auth import is_expired, key_prefix
-from runs.models import ApiToken
+from runs.models.tokens import ApiToken
 
 admin.site.unregister(TokenProxy)
 

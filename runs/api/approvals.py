@@ -1,4 +1,4 @@
-"""`…/calls/{call_id}/decision/` and `…/calls/{call_id}/result/`: thin doors onto runs.approvals."""
+"""`…/calls/{call_id}/decision/` and `…/calls/{call_id}/result/`: thin doors onto runs.ledger.approvals."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from config.lib.api_errors import errors
-from runs import approvals
 from runs.api.serializers import AnsweredCallSerializer, CallResultSerializer, DecisionSerializer
+from runs.ledger import approvals
 
 
 class CallAnswerActions:

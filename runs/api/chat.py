@@ -32,7 +32,8 @@ from config.lib.auth import ExpiringTokenAuthentication
 from config.lib.refusals import Refusal
 from config.lib.throttles import CHAT_TURN, throttle_wait
 from runs.chat import turns as chat
-from runs.models import AgentRun, PendingCall, RunStatus
+from runs.models.approvals import PendingCall
+from runs.models.ledger import AgentRun, RunStatus
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ class ChatStream(StreamingHttpResponse):
             payload = chat.outcome_payload(settled)
             if settled.status == RunStatus.WAITING:
                 # The turn waits for a decision: it leaves the stream, and the conversation stays busy
-                # until the calls are answered and the run has gone on (runs.approvals).
+                # until the calls are answered and the run has gone on (runs.ledger.approvals).
                 waiting_for = [
                     {"call_id": call.call_id, "kind": call.kind, "tool_name": call.tool_name, "args": call.args,
                      "hint": call.hint}

@@ -1,4 +1,4 @@
-"""`GET /api/memory/`: one scope's memories, ranked by relevance to `q`; read under the owner rule (runs.permissions).
+"""`GET /api/memory/`: one scope's memories, ranked by relevance to `q`; read under the owner rule (runs.rules.permissions).
 
 Errors answer `{"code": ..., "detail": ...}` like the rest of the API.
 """
@@ -16,7 +16,7 @@ from config.lib.api_errors import ErrorSerializer
 from config.lib.serializers import PRINTABLE
 from memory import services
 from memory.models import MemoryEntry
-from runs import permissions
+from runs.rules import permissions
 
 
 class MemorySerializer(serializers.ModelSerializer):

@@ -1,4 +1,4 @@
-"""`/api/runs/`: thin doors onto runs.services, with the same refusals as the admin."""
+"""`/api/runs/`: thin doors onto runs.services.run, with the same refusals as the admin."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from config.lib.parsers import BoundedMultiPartParser, StrictJSONParser
 from config.lib.serializers import EmptySerializer
 from config.lib.throttles import REPLAY, START_RUN, ScopedUserRateThrottle
 from config.lib.uploads import name_as_sent
-from runs import effects, reconcile, services, timeline, visibility
 from runs.api.approvals import CallAnswerActions
 from runs.api.serializers import (
     ReplayRequestSerializer,
@@ -30,9 +29,12 @@ from runs.api.serializers import (
     SettleRequestSerializer,
     ToolCallSerializer,
 )
-from runs.models import AgentRun, RunStatus, RunStep, ToolCall, Trigger
-from runs.public_text import public_event_error
+from runs.ledger import effects, reconcile, timeline
+from runs.models.ledger import AgentRun, RunStatus, RunStep, ToolCall, Trigger
 from runs.refusals import REPLAY_REFUSAL_ORDER, RESUME_REFUSAL_ORDER, said_in_order
+from runs.rules import visibility
+from runs.rules.public_text import public_event_error
+from runs.services import run as services
 
 CURSOR_FORMAT = "cursor"
 

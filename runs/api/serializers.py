@@ -21,15 +21,16 @@ from config.lib.serializers import (
     StrictSerializer,
 )
 from config.lib.user_params import SCRIPT_KEYS, scripts_refusal
-from runs import approvals, call_states, resume
-from runs import replay as rules
-from runs.effects import MAX_NOTE_CHARS
-from runs.models import AgentRun, Decision, EffectsChoice, PendingCall, Recovery, RunStep, SettledOutcome, ToolCall
-from runs.models.approvals import PERSON_DECISIONS
-from runs.public_text import public_error_message, public_step_error
+from runs.ledger import approvals
+from runs.ledger.effects import MAX_NOTE_CHARS
+from runs.models.approvals import PERSON_DECISIONS, Decision, PendingCall
+from runs.models.ledger import AgentRun, EffectsChoice, Recovery, RunStep, SettledOutcome, ToolCall
 from runs.refusals import REPLAY_REFUSAL_ORDER, RESUME_REFUSAL_ORDER
-from runs.services import MAX_FORCE_REASON_CHARS, MAX_OWNER_ID_CHARS
-from runs.visibility import can_see_every_run
+from runs.rules import call_states, resume
+from runs.rules import replay as rules
+from runs.rules.public_text import public_error_message, public_step_error
+from runs.rules.visibility import can_see_every_run
+from runs.services.run import MAX_FORCE_REASON_CHARS, MAX_OWNER_ID_CHARS
 
 # A schema no value satisfies: a choice among no names.
 NOTHING = {"not": {}}
@@ -261,7 +262,7 @@ class ToolCallSerializer(serializers.ModelSerializer):
     )
     effect = serializers.SerializerMethodField(help_text="read_only, idempotent or effectful, as at call time.")
     state = serializers.SerializerMethodField(
-        help_text="What became of the call (runs.call_states): " + ", ".join(call_states.LABELS) + "."
+        help_text="What became of the call (runs.rules.call_states): " + ", ".join(call_states.LABELS) + "."
     )
     settled_by = serializers.SlugRelatedField(**_username)
     settled_outcome = serializers.ChoiceField(
@@ -377,7 +378,7 @@ class ModelRetrySerializer(serializers.Serializer):
     detail = serializers.CharField(required=False, help_text="What came back, e.g. 503 UNAVAILABLE: …")
 
 
-# --- Calls that wait (runs.approvals) -----------------------------------------------------------------
+# --- Calls that wait (runs.ledger.approvals) -----------------------------------------------------------------
 
 
 class DecisionSerializer(StrictSerializer):
@@ -437,7 +438,7 @@ class RunDetailSerializer(RunSerializer):
     resumes = ReplaySummarySerializer(many=True, read_only=True, help_text="The runs that continue this one.")
     resume_decision = serializers.SerializerMethodField()
     pending_calls = serializers.SerializerMethodField(help_text="The calls the run waits for, or waited for, with "
-                                                                "their decisions (runs.approvals).")
+                                                                "their decisions (runs.ledger.approvals).")
 
     class Meta(RunSerializer.Meta):
         fields = RunSerializer.Meta.fields + ["tool_calls", "steps", "replays", "replay_decision"]

@@ -18,7 +18,7 @@ from rest_framework.views import APIView
 
 from config.lib.api_errors import ErrorSerializer
 from runs.inbox import receipt, refusals
-from runs.models import EventStatus
+from runs.models.inbox import EventStatus
 
 
 class WebhookReceiptSerializer(serializers.Serializer):

@@ -29,9 +29,13 @@ from agents.registry import UnknownAgentError
 from agents.services import resolve_runnable
 from config.lib.refusals import Refusal
 from config.lib.user_params import scripts_refusal
-from runs import executor, outcomes, permissions, services
-from runs.models import UNSETTLED, AgentRun, Conversation, Trigger
-from runs.public_text import public_error_message
+from runs.execution import executor
+from runs.ledger import outcomes
+from runs.models.chat import Conversation
+from runs.models.ledger import UNSETTLED, AgentRun, Trigger
+from runs.rules import permissions
+from runs.rules.public_text import public_error_message
+from runs.services import run as services
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +78,7 @@ def begin_turn(
     """Write one chat turn as a queued run in its conversation (a new one without an id).
 
     Raises ValidationError for bad input, OwnerNotPermitted when the user may not act for the
-    owner (`runs.permissions`), ConversationNotFound when the conversation is not this user's
+    owner (`runs.rules.permissions`), ConversationNotFound when the conversation is not this user's
     (for this agent and owner), ConversationBusy while another turn of it runs.
     Nothing is written when it raises.
     """

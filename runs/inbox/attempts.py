@@ -18,9 +18,10 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 
-from runs import services
 from runs.inbox import receipt
-from runs.models import AgentRun, EventStatus, Trigger, WebhookEvent
+from runs.models.inbox import EventStatus, WebhookEvent
+from runs.models.ledger import AgentRun, Trigger
+from runs.services import run as services
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,6 @@ from django.db import transaction
 from django.utils import timezone
 
 from config.lib.refusals import Refusal
-from runs import permissions, reconcile, services
-from runs import replay as rules
 from runs.inbox import receipt
 from runs.inbox.attempts import files_follow_transaction, last_run, start_attempt, update_event
 from runs.inbox.refusals import (
@@ -27,7 +25,12 @@ from runs.inbox.refusals import (
     EventNotFound,
     NothingToResolve,
 )
-from runs.models import AgentRun, EventStatus, WebhookEvent
+from runs.ledger import reconcile
+from runs.models.inbox import EventStatus, WebhookEvent
+from runs.models.ledger import AgentRun
+from runs.rules import permissions
+from runs.rules import replay as rules
+from runs.services import run as services
 
 logger = logging.getLogger(__name__)
 

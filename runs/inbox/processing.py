@@ -13,7 +13,7 @@ serialises writers) and, under that row lock, judges the event's last run:
 * a run still running with a live heartbeat → leave it alone and look again when the lease ends;
   a run whose heartbeat went silent is reconciled first, then judged as the failure it is;
 * a success → the event is `done`;
-* a failure → `runs.replay.decide(run, force=False)`: if the run provably called no tool that
+* a failure → `runs.rules.replay.decide(run, force=False)`: if the run provably called no tool that
   acts (none, or read-only ones only) the event waits for its next retry (`retry_wait`, backing
   off) or, past WEBHOOK_MAX_ATTEMPTS, is `dead`; otherwise it `needs_review`, saying what was
   called, and waits for a person.
@@ -22,8 +22,8 @@ A new run is only ever started under the event's row lock after its previous run
 and a partial unique index on `agent_runs(webhook_event)` for queued/running rows makes "two
 runs in flight for one event" impossible even for a path that forgot the rules.
 
-Every worker process claims due events from this table (`claim_next`, runs.worker's inbox loop),
-woken by a notification when one arrives (runs.wakeup) and polling besides. The worker that
+Every worker process claims due events from this table (`claim_next`, runs.worker.processes's inbox loop),
+woken by a notification when one arrives (runs.ledger.wakeup) and polling besides. The worker that
 executes a run observes its outcome itself right after; a worker that dies mid-event stops
 renewing its lease, and whoever claims the expired lease settles the event from the run's outcome. Every
 transition is conditional on the event's state under its row lock, so doing it twice is harmless.
@@ -46,12 +46,14 @@ from django.db.models import Q
 from django.utils import timezone
 
 from config.lib.refusals import Refusal
-from runs import executor, lifecycle, reconcile, wakeup
-from runs import replay as rules
+from runs.execution import executor
 from runs.inbox.attempts import files_follow_transaction, last_run, start_attempt, update_event
 from runs.inbox.refusals import REVIEW_HINT, event_wording
-from runs.models import AgentRun, EventStatus, RunStatus, WebhookEvent
+from runs.ledger import lifecycle, reconcile, wakeup
+from runs.models.inbox import EventStatus, WebhookEvent
+from runs.models.ledger import AgentRun, RunStatus
 from runs.refusals import ALREADY_CONTINUED, STILL_GOING, ReplayRefused, ToolsCalled, ToolsUnknown
+from runs.rules import replay as rules
 
 logger = logging.getLogger(__name__)
 

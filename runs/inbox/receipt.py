@@ -34,10 +34,11 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from config.lib import crypto, files, safe_json
-from runs import services, wakeup
 from runs.inbox import signing
 from runs.inbox.refusals import BadAttachments, BodyTooLarge, MalformedEvent, MessageIdMissing, NotAccepted
-from runs.models import SignatureScheme, WebhookEvent, WebhookSource
+from runs.ledger import wakeup
+from runs.models.inbox import SignatureScheme, WebhookEvent, WebhookSource
+from runs.services import run as services
 
 logger = logging.getLogger(__name__)
 
@@ -316,5 +317,5 @@ def receive_event(*, slug: str, body: bytes, headers: Mapping[str, str]) -> Rece
 
 
 def announce_event(event_id: uuid.UUID) -> None:
-    """Event `event_id` became claimable: wake the workers at this transaction's commit (runs.wakeup)."""
+    """Event `event_id` became claimable: wake the workers at this transaction's commit (runs.ledger.wakeup)."""
     wakeup.notify(wakeup.INBOX_CHANNEL)

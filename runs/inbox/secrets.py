@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from runs.models import WebhookSource
+from runs.models.inbox import WebhookSource
 
 
 def rotate_webhook_secrets() -> int:

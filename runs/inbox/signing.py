@@ -7,7 +7,7 @@
   (`WEBHOOK_SIGNATURE_TOLERANCE_SECONDS`, into the past and the future). Several `v1=` values are
   accepted, so a provider can sign with the old and the new secret while it rotates them.
 * **body**: `X-Signature: sha256=<hex>`, HMAC-SHA256 of the raw body alone. Allowed only when the
-  message id is a field of that body (`runs.inbox.sources`, and a constraint on the table).
+  message id is a field of that body (`runs.inputs.sources`, and a constraint on the table).
 
 Digests are compared in constant time, whatever their case or surrounding whitespace.
 """
@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from django.conf import settings
 
 from runs.inbox.refusals import WebhookRefused
-from runs.models import SignatureScheme, WebhookSource
+from runs.models.inbox import SignatureScheme, WebhookSource
 
 SIGNATURE_HEADER = "X-Signature"
 BODY_PREFIX = "sha256="

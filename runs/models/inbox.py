@@ -80,7 +80,7 @@ class WebhookSource(models.Model):
     def clean(self) -> None:
         # Inside: the rule reads the loaded agents, and importing ADK and MCP with the models
         # would put them in every `django.setup()` (docs/architecture.md).
-        from runs.inbox.sources import source_errors
+        from runs.inputs.sources import source_errors
 
         errors = source_errors(self)
         if errors:

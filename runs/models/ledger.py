@@ -82,7 +82,7 @@ class AgentRun(models.Model):
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
     attempts = models.PositiveIntegerField(default=0)
     # The attempt that holds the run: a fresh id written by each claim. Every write made on
-    # behalf of the run is conditional on the run still being running under it (runs.leases).
+    # behalf of the run is conditional on the run still being running under it (runs.ledger.leases).
     lease = models.UUIDField(null=True, blank=True, editable=False)
     error_code = models.CharField(max_length=64, blank=True)
     error_message = models.TextField(blank=True)
@@ -168,7 +168,7 @@ class AgentRun(models.Model):
             models.Index(
                 fields=["run_id"], condition=models.Q(recovery__in=["needs_person", "exhausted"]), name="run_died_waiting"
             ),
-            # The failures a replay refuses without force (runs.overview's "awaiting a decision"),
+            # The failures a replay refuses without force (runs.rules.overview's "awaiting a decision"),
             # small enough to walk whole; their conditions are the overview's filters verbatim,
             # which is what lets the planner use them.
             models.Index(
@@ -191,7 +191,7 @@ class AgentRun(models.Model):
             ("replay_agentrun", "Can replay another user's run"),
             ("cancel_agentrun", "Can cancel another user's run"),
             ("act_for_any_owner", "Can start runs, chat and read memory for any owner"),
-            # A crash fault kills the worker and every run in flight on it (runs.faults).
+            # A crash fault kills the worker and every run in flight on it (runs.rules.faults).
             ("place_tool_faults", "Can place scripted tool faults (crash, hang, tool_fails)"),
         ]
         constraints = [
@@ -209,7 +209,7 @@ class AgentRun(models.Model):
 
     def successor_fields(self) -> dict[str, Any]:
         """What a replay or a resume of this run takes over: its trigger, agent, owner and input as
-        written (the stored file included), as `runs.services.write_queued_run` takes them (it adds
+        written (the stored file included), as `runs.services.run.write_queued_run` takes them (it adds
         who started the successor)."""
         return {
             "trigger": self.trigger,
@@ -258,7 +258,7 @@ class ToolCallStatus(models.TextChoices):
     DEDUPLICATED = "deduplicated", "deduplicated (served from record)"
     # Answered with an error: its key was already used with other stable fields; the tool did not run.
     REFUSED = "refused", "refused (key used with other stable fields)"
-    # Asked a person first and still waiting: the tool has not run (runs.approvals.park_run).
+    # Asked a person first and still waiting: the tool has not run (runs.ledger.approvals.park_run).
     WAITING = "waiting", "waiting for a person's approval (not run)"
     # Rejected by a person, by the approval timeout, or closed by a cancel: the tool never ran.
     NOT_RUN = "not_run", "not run (rejected, timed out or closed)"
@@ -312,7 +312,7 @@ class ToolCall(models.Model):
         # Calls still `called` are few (in flight or in doubt): the desk counts them from here.
         indexes = [
             models.Index(fields=["run"], name="toolcall_called_run", condition=models.Q(status="called")),
-            # The desk's calls in doubt: unanswered, unsettled, not read-only (runs.overview's
+            # The desk's calls in doubt: unanswered, unsettled, not read-only (runs.rules.overview's
             # filter verbatim, so the planner proves the index applies). Settled calls keep
             # `called`, so the index above grows with them; this one stays small.
             models.Index(
@@ -327,7 +327,7 @@ class ToolCall(models.Model):
 
     @property
     def in_doubt(self) -> bool:
-        """What the replay and resume rules call in doubt (runs.replay.CallFact.in_doubt): the run is over,
+        """What the replay and resume rules call in doubt (runs.rules.replay.CallFact.in_doubt): the run is over,
         no person has settled the call, and it never answered or the effect it started never finished
         (a tool that raised may have acted first)."""
         if self.settled_outcome or self.run.is_in_flight:

@@ -4,7 +4,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-# The same length as a run's owner_id (runs.services.MAX_OWNER_ID_CHARS): a grant names an owner
+# The same length as a run's owner_id (runs.services.run.MAX_OWNER_ID_CHARS): a grant names an owner
 # exactly as runs store it.
 OWNER_ID_MAX_LENGTH = 128
 
@@ -37,6 +37,6 @@ class OwnerGrant(models.Model):
 
     def clean(self) -> None:
         # Imported here: the run services read these models (a cycle).
-        from runs.services import clean_owner_id
+        from runs.services.run import clean_owner_id
 
         self.owner_id = clean_owner_id(self.owner_id)

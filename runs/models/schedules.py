@@ -4,8 +4,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from runs.inputs.schedules import ScheduleKind, prepare_for_save
 from runs.models.ledger import AgentRun
-from runs.schedules.timing import ScheduleKind, prepare_for_save
 
 # What decides a schedule's slots; a change to any of them sets its next slot anew.
 TIMING_FIELDS = ("enabled", "kind", "interval_minutes", "cron")

@@ -1,6 +1,6 @@
 """Scheduled runs: an agent or a workflow started with a fixed input, every N minutes or on a cron.
 
-One periodic django-q2 job (`runs.fire_schedules`, every minute; see runs/periodic_jobs.py) fires the
+One periodic django-q2 job (`runs.fire_schedules`, every minute; see runs/upkeep/periodic_jobs.py) fires the
 schedules that are due. `RunSchedule` is the only record of what is scheduled, so there is
 nothing to keep in sync with django-q2's own Schedule rows, and the rules live here:
 
@@ -11,7 +11,7 @@ nothing to keep in sync with django-q2's own Schedule rows, and the rules live h
 - a firing while the schedule's previous run is still queued or running is skipped and
   recorded (`ScheduleFiring` with the blocking run, and `last_skipped_at`/`last_skip_reason`),
   never stacked;
-- each firing starts its run through `runs.services.start_run` with trigger `schedule` and no
+- each firing starts its run through `runs.services.run.start_run` with trigger `schedule` and no
   `created_by`, so it is written down before it starts and obeys the replay rules;
 - slots missed while nothing was running are not caught up: the next slot is the first one
   after now.
@@ -27,9 +27,11 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from runs import reconcile, services
-from runs.models import UNSETTLED, AgentRun, FiringOutcome, RunSchedule, ScheduleFiring, ScheduleKind, Trigger
-from runs.schedules.timing import MAX_INTERVAL_MINUTES, check_cron, next_slot
+from runs.inputs.schedules import MAX_INTERVAL_MINUTES, ScheduleKind, check_cron, next_slot
+from runs.ledger import reconcile
+from runs.models.ledger import UNSETTLED, AgentRun, Trigger
+from runs.models.schedules import FiringOutcome, RunSchedule, ScheduleFiring
+from runs.services import run as services
 
 logger = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@ import time
 
 from django.core.management.base import BaseCommand
 
-from runs import lifecycle
 from runs.inbox import processing
+from runs.ledger import lifecycle
 
 
 class Command(BaseCommand):

@@ -2,7 +2,7 @@ import argparse
 
 from django.core.management.base import BaseCommand, CommandError
 
-from runs import retention
+from runs.upkeep import retention
 
 
 def _whole_number(label: str):

@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand
 
-from runs import reconcile, recovery
+from runs.ledger import reconcile
+from runs.upkeep import recovery
 
 
 class Command(BaseCommand):

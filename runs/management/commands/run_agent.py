@@ -5,8 +5,9 @@ from pathlib import Path
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from runs import executor, services
-from runs.models import IN_FLIGHT, AgentRun, RunStatus
+from runs.execution import executor
+from runs.models.ledger import IN_FLIGHT, AgentRun, RunStatus
+from runs.services import run as services
 
 # --wait's exit status: 0 only when the run succeeded.
 EXIT_FAILED = 2  # the run ended `error` or `cancelled`

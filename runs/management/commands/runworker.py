@@ -1,7 +1,7 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from runs.worker import Supervisor
+from runs.worker.processes import Supervisor
 
 
 class Command(BaseCommand):

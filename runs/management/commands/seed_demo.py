@@ -3,9 +3,10 @@ from django.core.management.base import BaseCommand
 from agents.demo import DEMO_WORKFLOW
 from agents.models import Customer, WorkflowDefinition
 from agents.services import save_workflow
-from runs import executor, services
+from runs.execution import executor
 from runs.management.commands.run_agent import describe
-from runs.models import AgentRun
+from runs.models.ledger import AgentRun
+from runs.services import run as services
 
 DEMO_CUSTOMERS = [
     {"email": "jane@example.com", "name": "Jane Doe", "contact_id": "C-1001", "plan": "pro"},

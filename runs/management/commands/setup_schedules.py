@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from runs.periodic_jobs import setup_schedules
+from runs.upkeep.periodic_jobs import setup_schedules
 
 
 class Command(BaseCommand):

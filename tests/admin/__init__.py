@@ -1,0 +1,2 @@
+"""Tests of runs.admin: the support desk.
+"""

@@ -1,0 +1,2 @@
+"""Tests of agents: loading, trust, the diet, retries, workflows, ADK's session store, the model's wire.
+"""

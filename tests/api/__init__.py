@@ -1,0 +1,2 @@
+"""Tests of runs.api: the HTTP API, its schema and tokens.
+"""

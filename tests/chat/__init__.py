@@ -1,0 +1,2 @@
+"""Tests of runs.chat and its API door.
+"""

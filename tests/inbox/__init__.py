@@ -1,0 +1,2 @@
+"""Tests of runs.inbox: the webhook inbox, its signatures and its desk.
+"""

@@ -1,0 +1,2 @@
+"""Tests of runs.ledger: the record (claim, lease, journal, effects, reconcile).
+"""

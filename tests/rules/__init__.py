@@ -1,0 +1,2 @@
+"""Tests of runs.rules: replay, resume, who may act for whom, what failed runs say.
+"""

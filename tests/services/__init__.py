@@ -1,0 +1,2 @@
+"""Tests of runs.services.run: decisions on calls (approve, settle) and cancelling.
+"""

@@ -1,0 +1,2 @@
+"""Tests of runs.upkeep: recovery, retention, metrics.
+"""
