@@ -297,6 +297,28 @@ class CancelNotPermitted(Refusal):
         )
 
 
+class RetryNotPermitted(ReplayNotPermitted):
+    """Processing an event again is replaying a run nobody in particular started: the replay permission."""
+
+    def __init__(self) -> None:
+        Refusal.__init__(
+            self,
+            "Processing a webhook event again needs the permission “Can replay another user's run” "
+            "(runs.replay_agentrun); ask someone who has it.",
+        )
+
+
+class ResolveNotPermitted(Refusal):
+    status = 403
+    code = "resolve_not_permitted"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "Marking an event resolved closes it for good and needs the permission “Can mark a webhook event "
+            "resolved” (runs.resolve_webhookevent); ask someone who has it."
+        )
+
+
 # --- Resume refusals (checked in the order of docs/architecture.md, "Resume rules") ----------------
 
 

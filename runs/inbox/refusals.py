@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 
 from config.lib.refusals import Refusal
-from runs.refusals import ReplayNotPermitted, ReplayRefused
+from runs.refusals import ReplayRefused
 
 EVENT_FORCE_HINT = "Use “Force reprocess…” to process it again anyway."
 REVIEW_HINT = "A person must decide: “Force reprocess…” to process it again anyway, or “Mark resolved”."
@@ -93,28 +93,6 @@ class NothingToResolve(Refusal):
 
     def __init__(self, status: str) -> None:
         super().__init__(f"This event is {status}: there is nothing to resolve.", status=status)
-
-
-class RetryNotPermitted(ReplayNotPermitted):
-    """Processing an event again is replaying a run nobody in particular started: the replay permission."""
-
-    def __init__(self) -> None:
-        Refusal.__init__(
-            self,
-            "Processing a webhook event again needs the permission “Can replay another user's run” "
-            "(runs.replay_agentrun); ask someone who has it.",
-        )
-
-
-class ResolveNotPermitted(Refusal):
-    status = 403
-    code = "resolve_not_permitted"
-
-    def __init__(self) -> None:
-        super().__init__(
-            "Marking an event resolved closes it for good and needs the permission “Can mark a webhook event "
-            "resolved” (runs.resolve_webhookevent); ask someone who has it."
-        )
 
 
 class EventNotFound(Refusal):

@@ -31,7 +31,6 @@ from typing import Any
 from django.conf import settings
 
 from memory.refusals import ScopeNotVisible
-from runs.inbox.refusals import ResolveNotPermitted, RetryNotPermitted
 from runs.models.ledger import AgentRun
 from runs.refusals import (
     AnswerNotPermitted,
@@ -41,7 +40,9 @@ from runs.refusals import (
     ForceNotPermitted,
     OwnerNotPermitted,
     ReplayNotPermitted,
+    ResolveNotPermitted,
     ResumeNotPermitted,
+    RetryNotPermitted,
     RunNotFound,
     SettleNotPermitted,
 )
