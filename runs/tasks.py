@@ -5,8 +5,9 @@ tables (runs.worker.processes).
 """
 
 from runs.inbox import processing
-from runs.ledger import approvals, reconcile
+from runs.ledger import reconcile
 from runs.schedules import services as scheduling
+from runs.services import decisions
 from runs.upkeep import recovery, retention, stored_data
 
 
@@ -39,4 +40,4 @@ def purge_stored_inputs() -> str:
 
 def expire_approvals() -> str:
     """Every minute: reject the calls that waited past APPROVAL_TIMEOUT_SECONDS; their runs go on."""
-    return f"{approvals.expire_waiting()} waiting call(s) timed out"
+    return f"{decisions.expire_waiting()} waiting call(s) timed out"

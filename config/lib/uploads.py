@@ -1,7 +1,7 @@
 """Upload handlers that keep the name a client sent, whole.
 
 Django's uploaded file cuts a name longer than 255 characters to fit (keeping its extension), so
-a door that checks the name (`runs.services.run.clean_file_name`) would check and store a name the
+a door that checks the name (`runs.inputs.run_input.clean_file_name`) would check and store a name the
 client never sent. These handlers are Django's two, and also keep the name as sent in
 `name_as_sent`: a door refuses a name over the limit instead of storing a silently shortened one.
 """

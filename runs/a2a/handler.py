@@ -53,6 +53,7 @@ from agents.models import AdkSession
 from config.lib.refusals import Refusal
 from runs.a2a import tasks
 from runs.adkwire import stream, turns
+from runs.inputs import run_input
 from runs.models.ledger import AgentRun, RunStatus, Trigger
 from runs.refusals import RunAlreadySettled, RunNotFound
 from runs.rules import permissions, visibility
@@ -116,7 +117,7 @@ class LedgerRequestHandler(RequestHandler):
 
     def _owner(self, actor: Any, message: Message) -> str:
         wanted = _compat.meta_to_dict(message.metadata).get("owner_id") or actor.get_username()
-        owner = services.clean_owner_id(wanted) if isinstance(wanted, str) else None
+        owner = run_input.clean_owner_id(wanted) if isinstance(wanted, str) else None
         if owner is None:
             raise InvalidParamsError(message="message.metadata.owner_id must be text: the end user the task acts for.")
         permissions.check_may_act_for_owner(user=actor, owner_id=owner)

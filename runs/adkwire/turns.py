@@ -2,7 +2,7 @@
 answer to a waiting call as a decision (docs/architecture.md, "ADK's own wires").
 
 Every function here is a door onto the ledger's own services: `runs.services.run.start_run` writes the
-run (trigger `adk` or `a2a`), `runs.ledger.approvals.decide_call` / `give_result` take an answer, and the
+run (trigger `adk` or `a2a`), `runs.services.decisions.decide_call` / `give_result` take an answer, and the
 owner rule and visibility are `runs.rules.permissions` / `runs.rules.visibility`. Nothing here appends to a
 session: the only events a session gets from these wires are its runs'.
 """
@@ -25,10 +25,11 @@ from agents.models import AdkSession
 from agents.registry import UnknownAgentError, get_agent_spec
 from config.lib.refusals import Refusal
 from config.lib.user_params import scripts_refusal
-from runs.ledger import approvals
+from runs.inputs import run_input
 from runs.models.approvals import Decision, PendingCall, WaitKind
 from runs.models.ledger import UNSETTLED, AgentRun, RunStatus, Trigger
 from runs.rules import permissions
+from runs.services import decisions
 from runs.services import run as services
 
 MAX_SESSION_ID_CHARS = 128
@@ -92,7 +93,7 @@ def check_app(app_name: Any) -> str:
 def check_owner(*, actor: Any, app_name: str, user_id: Any, session_id: str = "") -> str:
     """ADK's `user_id` is the run's owner: a caller who may not act for it sees none of its sessions (404)."""
     try:
-        owner_id = services.clean_owner_id(user_id)
+        owner_id = run_input.clean_owner_id(user_id)
     except ValidationError as exc:
         raise WireRefusal(f"user_id: {' '.join(exc.message_dict['owner_id'])}") from None
     if not permissions.may_act_for_owner(user=actor, owner_id=owner_id):
@@ -303,12 +304,12 @@ def answer_waiting(*, actor: Any, run: AgentRun, responses: list[types.FunctionR
         for answer in answers:
             if answer.pending.kind == WaitKind.CONFIRMATION:
                 decision, payload = _confirmation(answer.response)
-                taken.append(approvals.decide_call(
+                taken.append(decisions.decide_call(
                     run_id=run.run_id, call_id=answer.pending.call_id, actor=actor, decision=decision,
                     note="Answered over ADK's wire.", payload=payload,
                 ))
             else:
-                taken.append(approvals.give_result(
+                taken.append(decisions.give_result(
                     run_id=run.run_id, call_id=answer.pending.call_id, actor=actor,
                     result=answer.response.response, note="Answered over ADK's wire.",
                 ))

@@ -20,6 +20,7 @@ from runs.models.approvals import Decision, PendingCall
 from runs.models.ledger import AgentRun
 from runs.refusals import PayloadNotAllowed
 from runs.rules import permissions
+from runs.services import decisions
 
 
 def approvals_context(run: AgentRun, *, user) -> dict:
@@ -29,7 +30,7 @@ def approvals_context(run: AgentRun, *, user) -> dict:
         "answered_calls": [call for call in calls if not call.is_open],
         "can_approve": permissions.may_decide_on(user=user, run=run),
         "can_answer": permissions.may_answer(user=user, run=run),
-        "max_decision_note_chars": approvals.NOTE_MAX_CHARS,
+        "max_decision_note_chars": decisions.NOTE_MAX_CHARS,
     }
 
 
@@ -53,12 +54,12 @@ def answer_call_view(modeladmin, request, object_id: str, call_id: str):
     call_id = unquote(call_id)
     try:
         if "result" in request.POST:
-            pending: PendingCall = approvals.give_result(
+            pending: PendingCall = decisions.give_result(
                 run_id=run.run_id, call_id=call_id, actor=request.user,
                 result=_json_field(request.POST["result"], name="result"), note=request.POST.get("note", ""),
             )
         else:
-            pending = approvals.decide_call(
+            pending = decisions.decide_call(
                 run_id=run.run_id, call_id=call_id, actor=request.user, decision=request.POST.get("decision", ""),
                 note=request.POST.get("note", ""), payload=_json_field(request.POST.get("payload", ""), name="payload"),
             )

@@ -1,4 +1,4 @@
-"""Settling a call in doubt from the run page: a door onto runs.ledger.effects.settle_call.
+"""Settling a call in doubt from the run page: a door onto runs.services.decisions.settle_call.
 
 The page shows a small form per call in doubt to those who hold `runs.settle_toolcall`; the
 service checks the permission again, so a crafted post gets the same refusal as the API.
@@ -12,10 +12,10 @@ from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 
 from config.lib.refusals import Refusal
 from runs.admin.actions import change_url
-from runs.ledger import effects
 from runs.models.ledger import AgentRun, SettledOutcome, ToolCall
 from runs.rules import permissions
 from runs.rules import replay as rules
+from runs.services import decisions
 
 
 def settle_context(run: AgentRun, facts: rules.ReplayFacts, *, user) -> dict:
@@ -27,7 +27,7 @@ def settle_context(run: AgentRun, facts: rules.ReplayFacts, *, user) -> dict:
         "settled_calls": list(calls.exclude(settled_outcome="")),
         "can_settle": permissions.may_settle(user=user),
         "settle_outcomes": SettledOutcome.choices,
-        "max_note_chars": effects.MAX_NOTE_CHARS,
+        "max_note_chars": decisions.MAX_NOTE_CHARS,
     }
 
 
@@ -40,7 +40,7 @@ def settle_call_view(modeladmin, request, object_id: str, call_id: str):
     # The page quotes the call id as the admin quotes keys: ids are the model's, and may hold a '/'.
     call_id = unquote(call_id)
     try:
-        call: ToolCall = effects.settle_call(
+        call: ToolCall = decisions.settle_call(
             run_id=run.run_id,
             call_id=call_id,
             actor=request.user,

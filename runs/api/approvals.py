@@ -9,7 +9,7 @@ from rest_framework.response import Response
 
 from config.lib.api_errors import errors
 from runs.api.serializers import AnsweredCallSerializer, CallResultSerializer, DecisionSerializer
-from runs.ledger import approvals
+from runs.services import decisions
 
 
 class CallAnswerActions:
@@ -44,7 +44,7 @@ class CallAnswerActions:
         serializer = DecisionSerializer(data=request.data, context=self.get_serializer_context())
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        pending = approvals.decide_call(
+        pending = decisions.decide_call(
             run_id=run_id, call_id=call_id, actor=request.user, decision=data["decision"],
             note=data.get("note", ""), payload=data.get("payload"),
         )
@@ -69,7 +69,7 @@ class CallAnswerActions:
         serializer = CallResultSerializer(data=request.data, context=self.get_serializer_context())
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        pending = approvals.give_result(
+        pending = decisions.give_result(
             run_id=run_id, call_id=call_id, actor=request.user, result=data["result"], note=data.get("note", ""),
         )
         return self._answered(pending)

@@ -29,11 +29,12 @@ from runs.api.serializers import (
     SettleRequestSerializer,
     ToolCallSerializer,
 )
-from runs.ledger import effects, reconcile, timeline
+from runs.ledger import reconcile, timeline
 from runs.models.ledger import AgentRun, RunStatus, RunStep, ToolCall, Trigger
 from runs.refusals import REPLAY_REFUSAL_ORDER, RESUME_REFUSAL_ORDER, said_in_order
 from runs.rules import visibility
 from runs.rules.public_text import public_event_error
+from runs.services import decisions
 from runs.services import run as services
 
 CURSOR_FORMAT = "cursor"
@@ -308,7 +309,7 @@ class RunViewSet(CallAnswerActions, mixins.ListModelMixin, mixins.RetrieveModelM
     def settle(self, request, run_id=None, call_id=None):
         serializer = SettleRequestSerializer(data=request.data, context=self.get_serializer_context())
         serializer.is_valid(raise_exception=True)
-        call = effects.settle_call(
+        call = decisions.settle_call(
             run_id=run_id,
             call_id=call_id,
             actor=request.user,

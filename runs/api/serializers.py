@@ -21,8 +21,8 @@ from config.lib.serializers import (
     StrictSerializer,
 )
 from config.lib.user_params import SCRIPT_KEYS, scripts_refusal
+from runs.inputs.run_input import MAX_OWNER_ID_CHARS
 from runs.ledger import approvals
-from runs.ledger.effects import MAX_NOTE_CHARS
 from runs.models.approvals import PERSON_DECISIONS, Decision, PendingCall
 from runs.models.ledger import AgentRun, EffectsChoice, Recovery, RunStep, SettledOutcome, ToolCall
 from runs.refusals import REPLAY_REFUSAL_ORDER, RESUME_REFUSAL_ORDER
@@ -30,7 +30,9 @@ from runs.rules import call_states, resume
 from runs.rules import replay as rules
 from runs.rules.public_text import public_error_message, public_step_error
 from runs.rules.visibility import can_see_every_run
-from runs.services.run import MAX_FORCE_REASON_CHARS, MAX_OWNER_ID_CHARS
+from runs.services import decisions
+from runs.services.decisions import MAX_NOTE_CHARS
+from runs.services.run import MAX_FORCE_REASON_CHARS
 
 # A schema no value satisfies: a choice among no names.
 NOTHING = {"not": {}}
@@ -386,7 +388,7 @@ class DecisionSerializer(StrictSerializer):
         choices=PERSON_DECISIONS,
         help_text="approve: the call runs (under every rule); reject: the model is told it was rejected.",
     )
-    note = StrictCharField(required=False, allow_blank=True, max_length=approvals.NOTE_MAX_CHARS,
+    note = StrictCharField(required=False, allow_blank=True, max_length=decisions.NOTE_MAX_CHARS,
                            trim_whitespace=False, schema={"format": PLAIN_WORDS},
                            help_text="Why (recorded with the decision): plain text (line breaks and tabs are fine; other control characters and invisible formatting characters such as bidi overrides are refused).")
     payload = serializers.JSONField(required=False, allow_null=True,
@@ -398,7 +400,7 @@ class CallResultSerializer(StrictSerializer):
     result = serializers.JSONField(allow_null=True,
                                    help_text="The long-running call's answer: the function response the model sees "
                                              "(an object; anything else, null included, is sent as {\"result\": …}).")
-    note = StrictCharField(required=False, allow_blank=True, max_length=approvals.NOTE_MAX_CHARS,
+    note = StrictCharField(required=False, allow_blank=True, max_length=decisions.NOTE_MAX_CHARS,
                            trim_whitespace=False, schema={"format": PLAIN_WORDS},
                            help_text="Plain text (line breaks and tabs are fine; other control characters and invisible formatting characters such as bidi overrides are refused).")
 

@@ -30,6 +30,7 @@ from agents.services import resolve_runnable
 from config.lib.refusals import Refusal
 from config.lib.user_params import scripts_refusal
 from runs.execution import executor
+from runs.inputs import run_input
 from runs.ledger import outcomes
 from runs.models.chat import Conversation
 from runs.models.ledger import UNSETTLED, AgentRun, Trigger
@@ -95,7 +96,7 @@ def begin_turn(
     except ValidationError as exc:
         errors.update(exc.message_dict)
     try:
-        owner_key = services.clean_owner_id(owner_id)
+        owner_key = run_input.clean_owner_id(owner_id)
     except ValidationError as exc:
         errors.update(exc.message_dict)
     wanted = None

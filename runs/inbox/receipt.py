@@ -36,9 +36,10 @@ from django.utils import timezone
 from config.lib import crypto, files, safe_json
 from runs.inbox import signing
 from runs.inbox.refusals import BadAttachments, BodyTooLarge, MalformedEvent, MessageIdMissing, NotAccepted
+from runs.inputs import run_input
+from runs.inputs.sources import SignatureScheme
 from runs.ledger import wakeup
-from runs.models.inbox import SignatureScheme, WebhookEvent, WebhookSource
-from runs.services import run as services
+from runs.models.inbox import WebhookEvent, WebhookSource
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ def _attachments(source: WebhookSource, payload: dict) -> tuple[list[Attachment]
         if not isinstance(item, dict):
             raise BadAttachments(f"{where} must be an object with filename, content_type and content_base64.")
         try:
-            filename = services.clean_file_name(item.get("filename"))
+            filename = run_input.clean_file_name(item.get("filename"))
         except ValidationError as exc:
             raise BadAttachments(f"{where}: {' '.join(exc.message_dict['file'])}") from None
         if filename.lower() in seen:

@@ -25,7 +25,8 @@ from datetime import UTC, datetime
 from django.conf import settings
 
 from runs.inbox.refusals import WebhookRefused
-from runs.models.inbox import SignatureScheme, WebhookSource
+from runs.inputs.sources import SignatureScheme
+from runs.models.inbox import WebhookSource
 
 SIGNATURE_HEADER = "X-Signature"
 BODY_PREFIX = "sha256="

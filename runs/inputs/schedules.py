@@ -1,7 +1,8 @@
-"""When a user schedule fires: its kind, the cron check and the next slot. Pure: no queries.
+"""A user schedule's rules: its kind, the cron check, the next slot and what it may start. Pure: no queries.
 
 The model applies `prepare_for_save` on every save, so a schedule made any way (the admin, the
-shell, a fixture) has its first slot set and is never silently left without one.
+shell, a fixture) has its first slot set and is never silently left without one; its `clean()`
+asks `check_schedule`, the one check of every door.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from croniter import croniter
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
+
+from runs.inputs import run_input
 
 MAX_INTERVAL_MINUTES = 366 * 24 * 60
 
@@ -68,3 +71,37 @@ def prepare_for_save(schedule: Timed, *, timing_changed: bool, now: datetime | N
         schedule.next_fire_at = next_slot(schedule, after=now)
 
 
+def check_schedule(schedule: Any) -> None:
+    """Validate a schedule for every door (the admin form calls it through the model's clean())."""
+    errors: dict[str, list[str]] = {}
+    if schedule.params is None:  # an empty form field
+        schedule.params = {}
+    if schedule.kind == ScheduleKind.INTERVAL:
+        minutes = schedule.interval_minutes
+        if not isinstance(minutes, int) or not 1 <= minutes <= MAX_INTERVAL_MINUTES:
+            errors["interval_minutes"] = [
+                f"An interval schedule needs interval_minutes between 1 and {MAX_INTERVAL_MINUTES}."
+            ]
+        if schedule.cron:
+            errors["cron"] = ["An interval schedule has no cron expression; choose the cron kind to use one."]
+    elif schedule.kind == ScheduleKind.CRON:
+        try:
+            schedule.cron = check_cron(schedule.cron)
+        except ValidationError as exc:
+            errors.update(exc.message_dict)
+        if schedule.interval_minutes:
+            errors["interval_minutes"] = ["A cron schedule has no interval; leave interval_minutes empty."]
+    else:
+        errors["kind"] = [f"kind must be one of: {', '.join(ScheduleKind.values)}."]
+    try:
+        run_input.check_run_input(
+            agent_name=schedule.agent_name,
+            message=schedule.message,
+            owner_id=schedule.owner_id,
+            params=schedule.params,
+        )
+    except ValidationError as exc:
+        for key, messages in exc.message_dict.items():
+            errors.setdefault("agent_name" if key == "agent" else key, []).extend(messages)
+    if errors:
+        raise ValidationError(errors)

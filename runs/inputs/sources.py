@@ -1,16 +1,25 @@
 """What makes a webhook source's configuration usable: one rule for the admin form, the shell and fixtures.
 
-Pure (no queries), so the model's clean() can call it. It reads the loaded agents (ADK), so the
-model imports it inside `clean()`: importing the models (every `django.setup()`) stays light.
+Pure (no queries) and importing no runs model, so the model's clean() calls it; the signature
+schemes the model's field chooses from are defined here with the rule that reads them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.db import models
+
 from agents.registry import UnknownAgentError, get_agent_spec, validate_params
 from agents.scripted import ScriptError
-from runs.models.inbox import SignatureScheme
+
+
+class SignatureScheme(models.TextChoices):
+    """What a provider's signature covers (see runs.inbox.signing)."""
+
+    TIMESTAMPED = "timestamped", "timestamped: a time, the message id and the body"
+    BODY = "body", "body only (the message id must be a field of the body)"
+
 
 MIN_SECRET_CHARS = 16
 

@@ -9,18 +9,14 @@ run, not of a process:
   it: `park_run` moves it `running → waiting` (conditional on the lease of the claim that ran it) and writes one
   `PendingCall` per call, bound to the call's id and arguments as asked. The run holds no slot and no
   heartbeat, and the reconciler, which only reads `running` rows, never touches it.
-- **Answering.** `decide_call` (approve / reject, a note, a payload where the tool asks for one;
-  `runs.approve_toolcall`) and `give_result` (a long-running call's answer; `runs.answer_toolcall`
-  and the owner rule; both asked in `runs.rules.permissions`) lock the call's row, take the answer once, and — in the same transaction —
-  when the run waits for nothing more, move it `waiting → queued` (a worker claims it after the commit).
+- **Answering** is a decision (`runs.services.decisions`: `decide_call`, `give_result`, the timeout's
+  `expire_waiting`): it takes the answer once and, when the run waits for nothing more, queues it.
 - **Continuing as the same run.** The worker claims it again (`attempts + 1`); the executor sends
   the answers as the new message (`continuation`): ADK's confirmation processor pairs each decision
   with its `adk_request_confirmation` call, runs an approved tool under every rule (journal, effect
   record) or answers a rejected one "This tool call is rejected.", and a long-running call's result
   reaches the model as its response. The calls' ids belong to the run's own invocation, so ADK's
   routing of function responses (`Runner._resolve_invocation_id_from_fr`) keeps it there.
-- **Timeout.** `expire_waiting` (a periodic job) rejects what has waited past
-  `APPROVAL_TIMEOUT_SECONDS`, with the system's reason, and the run goes on as on any rejection.
 - **Cancel.** `cancel_waiting` closes the open calls and settles the run `cancelled`.
 """
 
@@ -28,10 +24,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from google.adk.events.event import Event
@@ -42,26 +36,11 @@ from google.genai import types
 from agents import faults
 from agents.models import AdkEvent
 from agents.scripted import FAULT_KEYS, SCRIPT_STEP_KEY, ScriptPosition, resume_position
-from config.lib.safe_json import UnsafeInput, check_value
-from config.lib.text import hidden_character
-from runs.ledger import journal, leases, lifecycle
+from runs.ledger import journal, leases
 from runs.models.approvals import Decision, PendingCall, WaitKind
 from runs.models.ledger import AgentRun, RunStatus, ToolCall, ToolCallStatus
-from runs.refusals import (
-    AlreadyDecided,
-    NoteHasHiddenCharacters,
-    NoteTooLong,
-    NotWaitingFor,
-    PayloadNotAllowed,
-    UnknownDecision,
-    WrongAnswerKind,
-)
-from runs.rules import permissions, visibility
 
 logger = logging.getLogger(__name__)
-
-NOTE_MAX_CHARS = 2000
-TIMEOUT_CHUNK = 200
 
 
 # --- What an invocation waits for ------------------------------------------------------------------
@@ -153,166 +132,21 @@ def park_run(*, run: AgentRun, waits: list[Wait], result: str = "") -> bool:
     return True
 
 
-# --- Answering ---------------------------------------------------------------------------------------
+# --- Calls that will not run; cancelling a run that waits ------------------------------------------
 
 
-def _note(value: Any) -> str:
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise PayloadNotAllowed("note must be text.")
-    text = value.strip()
-    if len(text) > NOTE_MAX_CHARS:
-        raise NoteTooLong(NOTE_MAX_CHARS)
-    # Read by the next person on the run page, as a settle note is: the same rule.
-    if (problem := hidden_character(text)) is not None:
-        raise NoteHasHiddenCharacters(problem)
-    return text
-
-
-def _checked_payload(value: Any) -> Any:
-    try:
-        check_value(value, where="payload")
-    except UnsafeInput as exc:
-        raise PayloadNotAllowed(f"The payload cannot be stored: {exc}") from None
-    return value
-
-
-def _locked_call(*, run_id: Any, call_id: str, actor: Any) -> tuple[AgentRun, PendingCall]:
-    """The run (visible to the actor) and its waiting call, both locked until the transaction ends."""
-    run = visibility.get_visible_run(run_id, actor=actor, lock=True)
-    pending = PendingCall.objects.select_for_update().filter(run_id=run.run_id, call_id=str(call_id)[:128]).first()
-    if pending is None:
-        raise NotWaitingFor(run.run_id, call_id)
-    if pending.decision:
-        who = "the system" if pending.by_system else (pending.decided_by.get_username() if pending.decided_by else "someone")
-        raise AlreadyDecided(pending.call_id, pending.get_decision_display(), who,
-                             pending.decided_at.isoformat() if pending.decided_at else "")
-    return run, pending
-
-
-def _record(pending: PendingCall, *, decision: str, actor: Any, note: str, payload: Any, by_system: bool = False) -> None:
-    # Conditional on the call still being open: with the row lock held this always lands, and it
-    # keeps a second writer that slipped past the lock (a database without row locks) from overwriting.
-    now = timezone.now()
-    user = actor if getattr(actor, "is_authenticated", False) else None
-    taken = PendingCall.objects.filter(pk=pending.pk, decision="").update(
-        decision=decision, decided_by=user, decided_at=now, note=note, payload=payload, by_system=by_system
-    )
-    if taken != 1:
-        pending.refresh_from_db()
-        raise AlreadyDecided(pending.call_id, pending.get_decision_display(), "someone else",
-                             pending.decided_at.isoformat() if pending.decided_at else "")
-    pending.decision, pending.decided_by, pending.decided_at = decision, user, now
-    pending.note, pending.payload, pending.by_system = note, payload, by_system
-    if decision == Decision.REJECT:
-        who = "the approval timeout" if by_system else (user.get_username() if user else "a person")
-        _never_ran(run_id=pending.run_id, call_ids=[pending.call_id], why=f"rejected by {who}: not run")
-
-
-def _never_ran(*, run_id: Any, call_ids: list[str], why: str) -> None:
+def mark_never_ran(*, run_id: Any, call_ids: list[str], why: str) -> None:
     """The journal rows of calls a person was asked about and that will never run now."""
     ToolCall.objects.filter(run_id=run_id, call_id__in=call_ids, status=ToolCallStatus.WAITING).update(
         status=ToolCallStatus.NOT_RUN, response_summary=why[:500]
     )
 
 
-def _continue_if_answered(run: AgentRun) -> bool:
-    """Queue the run again once it waits for nothing more; the workers are told when the answer commits."""
-    if PendingCall.objects.filter(run_id=run.run_id, decision="").exists():
-        return False
-    queued = AgentRun.objects.filter(pk=run.run_id, status=RunStatus.WAITING).update(status=RunStatus.QUEUED)
-    if queued:
-        lifecycle.announce_run(run.run_id)
-    return bool(queued)
-
-
-def decide_call(*, run_id: Any, call_id: str, actor: Any, decision: Any, note: Any = "", payload: Any = None) -> PendingCall:
-    """A person approves or rejects a call that waits for confirmation; the run goes on once all are answered."""
-    if not permissions.may_approve(user=actor):
-        # Who may see the run is asked first: a run one cannot see is not found, whatever one may do.
-        visibility.get_visible_run(run_id, actor=actor)
-        permissions.check_may_approve(actor=actor)
-    if decision not in (Decision.APPROVE, Decision.REJECT):
-        raise UnknownDecision(decision)
-    note_text = _note(note)
-    payload = _checked_payload(payload)
-    with transaction.atomic():
-        run, pending = _locked_call(run_id=run_id, call_id=call_id, actor=actor)
-        permissions.check_may_approve(actor=actor, run=run)
-        if pending.kind != WaitKind.CONFIRMATION:
-            raise WrongAnswerKind(pending.call_id, "its tool's result", "result")
-        if payload is not None and decision == Decision.REJECT:
-            raise PayloadNotAllowed("A rejection carries no payload: the tool does not run.")
-        _record(pending, decision=decision, actor=actor, note=note_text, payload=payload)
-        _continue_if_answered(run)
-    logger.info("Call %s of run %s %s by %s", pending.call_id, run.run_id, pending.get_decision_display(), actor)
-    return pending
-
-
-def give_result(*, run_id: Any, call_id: str, actor: Any, result: Any, note: Any = "") -> PendingCall:
-    """An external system (or a person) gives a long-running call its answer; the run goes on with it."""
-    if not permissions.may_answer(user=actor):
-        visibility.get_visible_run(run_id, actor=actor)
-        permissions.check_may_answer(actor=actor)
-    note_text = _note(note)
-    result = _checked_payload(result)
-    with transaction.atomic():
-        run, pending = _locked_call(run_id=run_id, call_id=call_id, actor=actor)
-        permissions.check_may_answer(actor=actor, run=run)
-        if pending.kind != WaitKind.RESULT:
-            raise WrongAnswerKind(pending.call_id, "a person's approval", "decision")
-        _record(pending, decision=Decision.RESULT, actor=actor, note=note_text, payload=result)
-        _continue_if_answered(run)
-    logger.info("Call %s of run %s answered by %s", pending.call_id, run.run_id, actor)
-    return pending
-
-
-def timeout_reason() -> str:
-    hours = settings.APPROVAL_TIMEOUT_SECONDS / 3600
-    return (
-        f"Nobody answered within APPROVAL_TIMEOUT_SECONDS={settings.APPROVAL_TIMEOUT_SECONDS} "
-        f"({hours:g} h), so the system rejected it."
-    )
-
-
-def expire_waiting(*, now: Any = None) -> int:
-    """Reject every call that has waited past APPROVAL_TIMEOUT_SECONDS; its run goes on as on a rejection.
-
-    A long-running call that times out is answered with an error saying so. Idempotent: a call
-    answered meanwhile is skipped (the row lock and the open-call condition), so two sweeps land once.
-    """
-    cutoff = (now or timezone.now()) - timedelta(seconds=settings.APPROVAL_TIMEOUT_SECONDS)
-    expired = 0
-    due = list(
-        PendingCall.objects.filter(decision="", asked_at__lt=cutoff).order_by("asked_at").values_list("pk", flat=True)[
-            :TIMEOUT_CHUNK * 10
-        ]
-    )
-    reason = timeout_reason()
-    for pk in due:
-        with transaction.atomic():
-            pending = PendingCall.objects.select_for_update(skip_locked=True).filter(pk=pk, decision="").first()
-            if pending is None:
-                continue
-            run = AgentRun.objects.select_for_update().get(pk=pending.run_id)
-            if pending.kind == WaitKind.CONFIRMATION:
-                _record(pending, decision=Decision.REJECT, actor=None, note=reason, payload=None, by_system=True)
-            else:
-                _record(pending, decision=Decision.RESULT, actor=None, note=reason,
-                        payload={"error": f"No result arrived in time. {reason}"}, by_system=True)
-            _continue_if_answered(run)
-            expired += 1
-    if expired:
-        logger.info("%d waiting call(s) timed out", expired)
-    return expired
-
-
 def close_for_cancel(*, run: AgentRun, actor: Any) -> int:
     """The run was cancelled while it waited: its open calls are closed, recorded as such."""
     user = actor if getattr(actor, "is_authenticated", False) else None
     open_calls = PendingCall.objects.filter(run_id=run.run_id, decision="")
-    _never_ran(run_id=run.run_id, call_ids=list(open_calls.values_list("call_id", flat=True)),
+    mark_never_ran(run_id=run.run_id, call_ids=list(open_calls.values_list("call_id", flat=True)),
                why="closed unanswered (the run was cancelled): not run")
     return open_calls.update(
         decision=Decision.CANCELLED, decided_by=user, decided_at=timezone.now(), note="The run was cancelled."
@@ -468,4 +302,3 @@ def mark_delivered(*, run: AgentRun, call_ids: tuple[str, ...]) -> None:
 
 def pending_calls_of(run: AgentRun) -> list[PendingCall]:
     return list(PendingCall.objects.filter(run_id=run.run_id).select_related("decided_by").order_by("asked_at", "pk"))
-

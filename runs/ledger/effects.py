@@ -1,4 +1,4 @@
-"""Effects at call time: idempotency keys from stable intent, effect records, calls settled by a person.
+"""Effects at call time: idempotency keys from stable intent, effect records, which calls are in doubt.
 
 The tools declare their effect class where they are written (`agents.effects`). This module
 reads it from the tool object ADK is about to run, whatever the agent tree, and acts on it:
@@ -16,7 +16,8 @@ reads it from the tool object ADK is about to run, whatever the agent tree, and 
   record `started` (with the error noted): it may have acted before raising (unknown is not
   none), so only a person may say it did not.
 
-`settle_call` is the person's word on a call in doubt (docs/architecture.md, "Effects").
+A person's word on a call in doubt is `runs.services.decisions.settle_call` (docs/architecture.md,
+"Effects"); it reads `owned_record` and `doubt_of` here.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import connection, transaction
 from django.utils import timezone
 from google.adk.plugins.base_plugin import BasePlugin
@@ -38,26 +38,14 @@ from sqlalchemy.exc import DBAPIError
 
 from agents.adk import session_service
 from agents.effects import IDEMPOTENT, KeyArgumentMissing, effect_of_call_name, effect_of_tool, tool_name
-from config.lib.refusals import required_text
-from config.lib.text import hidden_character
-from runs.ledger import chain, leases, reconcile
+from runs.ledger import chain, leases
 from runs.ledger.journal import EFFECTS_METADATA_KEY, json_safe
 from runs.models.effects import EffectStatus, ToolEffect
 from runs.models.inbox import WebhookEvent
-from runs.models.ledger import AgentRun, EffectsChoice, SettledOutcome, ToolCall, ToolCallStatus
-from runs.refusals import (
-    CallNotFound,
-    NoteHasHiddenCharacters,
-    NoteRequired,
-    NoteTooLong,
-    NotInDoubt,
-    UnknownOutcome,
-)
-from runs.rules import permissions, visibility
+from runs.models.ledger import AgentRun, EffectsChoice, ToolCall, ToolCallStatus
 
 logger = logging.getLogger(__name__)
 
-MAX_NOTE_CHARS = 2000
 SUMMARY_MAX_CHARS = 500
 
 
@@ -524,15 +512,7 @@ class EffectsPlugin(BasePlugin):
         return None
 
 
-# --- Settling a call in doubt ----------------------------------------------------------------------
-
-
-def check_note(note: Any) -> str:
-    text = required_text(note, limit=MAX_NOTE_CHARS, missing=NoteRequired, too_long=NoteTooLong)
-    problem = hidden_character(text)
-    if problem is not None:
-        raise NoteHasHiddenCharacters(problem)
-    return text
+# --- Calls in doubt ------------------------------------------------------------------------------------
 
 
 def owned_record(call: ToolCall) -> ToolEffect | None:
@@ -551,62 +531,3 @@ def doubt_of(run: AgentRun, call: ToolCall, record: ToolEffect | None) -> str:
     if record is not None and record.status == EffectStatus.STARTED:
         return "its effect was started and never recorded as finished"
     return ""
-
-
-def _not_in_doubt_reason(run: AgentRun, call: ToolCall) -> str:
-    if run.is_in_flight:
-        return f"its run is still {run.status}."
-    if call.settled_outcome:
-        who = call.settled_by.get_username() if call.settled_by else "someone"
-        return f"{who} already settled it as {call.settled_outcome} at {call.settled_at:%Y-%m-%d %H:%M:%S} UTC."
-    return f"it is {call.status}, so what it did is known."
-
-
-def settle_call(*, run_id: Any, call_id: str, actor: Any, outcome: Any, note: Any) -> ToolCall:
-    """A person's word on a call in doubt: recorded with who, when and why; the run's outcome is untouched.
-
-    `done` marks the call's effect record done (a replay reuses it); `not_done` marks it failed
-    (a replay may run it). The replay rules read the settlement from the journal.
-    """
-    permissions.check_may_settle(actor=actor)
-    if outcome not in SettledOutcome.values:
-        raise UnknownOutcome(outcome)
-    note = check_note(note)
-    now = timezone.now()
-    with transaction.atomic():
-        run = visibility.get_visible_run(run_id, actor=actor, lock=True)
-        reconcile.reconcile_run_if_stale(run)
-        call = ToolCall.objects.select_for_update().filter(run=run, call_id=call_id).first()
-        if call is None:
-            raise CallNotFound(run_id, call_id)
-        record = owned_record(call)
-        if not doubt_of(run, call, record):
-            raise NotInDoubt(call_id, _not_in_doubt_reason(run, call))
-        # Conditional on still being unsettled: two people settling at once land once.
-        settled = ToolCall.objects.filter(pk=call.pk, settled_outcome="").update(
-            settled_outcome=outcome, settled_by=actor, settled_at=now, settle_note=note
-        )
-        if not settled:
-            call.refresh_from_db()
-            raise NotInDoubt(call_id, _not_in_doubt_reason(run, call))
-        if record is not None:
-            done = outcome == SettledOutcome.DONE
-            ToolEffect.objects.filter(pk=record.pk, status=EffectStatus.STARTED).update(
-                status=EffectStatus.DONE if done else EffectStatus.FAILED,
-                finished_at=now,
-                # What a repeat is served in place of the answer the tool never gave.
-                result=record.result if record.result is not None or not done else {
-                    "status": "done", "settled_by_person": True, "note": note,
-                },
-                error=f"Settled {outcome} by {actor.get_username()}: {note}"[:SUMMARY_MAX_CHARS],
-            )
-        LogEntry.objects.log_actions(
-            actor.pk,
-            [run],
-            CHANGE,
-            f"Settled call {call_id} ({call.tool_name}) as {outcome}. Note: {note}",
-            single_object=True,
-        )
-    call.refresh_from_db()
-    logger.info("Run %s: call %s settled %s by %s", run.run_id, call_id, outcome, actor)
-    return call

@@ -9,13 +9,7 @@ from django.db import models
 from django.utils import timezone
 
 from config.lib.crypto import EncryptedTextField
-
-
-class SignatureScheme(models.TextChoices):
-    """What a provider's signature covers (see runs.inbox.signing)."""
-
-    TIMESTAMPED = "timestamped", "timestamped: a time, the message id and the body"
-    BODY = "body", "body only (the message id must be a field of the body)"
+from runs.inputs.sources import SignatureScheme, source_errors
 
 
 class WebhookSource(models.Model):
@@ -78,10 +72,6 @@ class WebhookSource(models.Model):
         return self.name or self.slug
 
     def clean(self) -> None:
-        # Inside: the rule reads the loaded agents, and importing ADK and MCP with the models
-        # would put them in every `django.setup()` (docs/architecture.md).
-        from runs.inputs.sources import source_errors
-
         errors = source_errors(self)
         if errors:
             raise ValidationError(errors)

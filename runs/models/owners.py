@@ -4,7 +4,9 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-# The same length as a run's owner_id (runs.services.run.MAX_OWNER_ID_CHARS): a grant names an owner
+from runs.inputs.run_input import clean_owner_id
+
+# The same length as a run's owner_id (runs.inputs.run_input.MAX_OWNER_ID_CHARS): a grant names an owner
 # exactly as runs store it.
 OWNER_ID_MAX_LENGTH = 128
 
@@ -36,7 +38,4 @@ class OwnerGrant(models.Model):
         return f"{self.user} may act for {self.owner_id}"
 
     def clean(self) -> None:
-        # Imported here: the run services read these models (a cycle).
-        from runs.services.run import clean_owner_id
-
         self.owner_id = clean_owner_id(self.owner_id)

@@ -4,7 +4,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from runs.inputs.schedules import ScheduleKind, prepare_for_save
+from runs.inputs.schedules import ScheduleKind, check_schedule, prepare_for_save
 from runs.models.ledger import AgentRun
 
 # What decides a schedule's slots; a change to any of them sets its next slot anew.
@@ -65,9 +65,6 @@ class RunSchedule(models.Model):
         return tuple(getattr(self, name) for name in TIMING_FIELDS)
 
     def clean(self) -> None:
-        # Imported here: the schedule rules start runs, whose services read these models (a cycle).
-        from runs.schedules.services import check_schedule
-
         check_schedule(self)
 
 

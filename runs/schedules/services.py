@@ -27,7 +27,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from runs.inputs.schedules import MAX_INTERVAL_MINUTES, ScheduleKind, check_cron, next_slot
+from runs.inputs.schedules import next_slot
 from runs.ledger import reconcile
 from runs.models.ledger import UNSETTLED, AgentRun, Trigger
 from runs.models.schedules import FiringOutcome, RunSchedule, ScheduleFiring
@@ -36,45 +36,6 @@ from runs.services import run as services
 logger = logging.getLogger(__name__)
 
 MAX_DUE_PER_TICK = 500
-
-
-# --- Validation and timing -------------------------------------------------------------------------
-
-
-def check_schedule(schedule: RunSchedule) -> None:
-    """Validate a schedule for every door (the admin form calls it through the model's clean())."""
-    errors: dict[str, list[str]] = {}
-    if schedule.params is None:  # an empty form field
-        schedule.params = {}
-    if schedule.kind == ScheduleKind.INTERVAL:
-        minutes = schedule.interval_minutes
-        if not isinstance(minutes, int) or not 1 <= minutes <= MAX_INTERVAL_MINUTES:
-            errors["interval_minutes"] = [
-                f"An interval schedule needs interval_minutes between 1 and {MAX_INTERVAL_MINUTES}."
-            ]
-        if schedule.cron:
-            errors["cron"] = ["An interval schedule has no cron expression; choose the cron kind to use one."]
-    elif schedule.kind == ScheduleKind.CRON:
-        try:
-            schedule.cron = check_cron(schedule.cron)
-        except ValidationError as exc:
-            errors.update(exc.message_dict)
-        if schedule.interval_minutes:
-            errors["interval_minutes"] = ["A cron schedule has no interval; leave interval_minutes empty."]
-    else:
-        errors["kind"] = [f"kind must be one of: {', '.join(ScheduleKind.values)}."]
-    try:
-        services.check_run_input(
-            agent_name=schedule.agent_name,
-            message=schedule.message,
-            owner_id=schedule.owner_id,
-            params=schedule.params,
-        )
-    except ValidationError as exc:
-        for key, messages in exc.message_dict.items():
-            errors.setdefault("agent_name" if key == "agent" else key, []).extend(messages)
-    if errors:
-        raise ValidationError(errors)
 
 
 # --- Firing ------------------------------------------------------------------------------------------

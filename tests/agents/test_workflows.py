@@ -17,11 +17,11 @@ from agents.registry import get_agent_spec
 from agents.services import check_workflow, save_workflow
 from runs.execution import executor
 from runs.ledger import outcomes
-from runs.ledger.effects import settle_call
 from runs.management.commands.seed_demo import DEMO_WORKFLOW
 from runs.models.ledger import AgentRun, RunStatus, RunStep, StepStatus, ToolCallStatus, Trigger
 from runs.rules import replay as rules
 from runs.services import run as services
+from runs.services.decisions import settle_call
 from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, UPDATE_CRM, run_now, wait_until
 
 # Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.

@@ -19,7 +19,8 @@ from django.test import Client
 
 from runs.inbox import processing, receipt, signing
 from runs.inbox.refusals import NotAccepted
-from runs.models.inbox import EventStatus, SignatureScheme, WebhookEvent, WebhookSource
+from runs.inputs.sources import SignatureScheme
+from runs.models.inbox import EventStatus, WebhookEvent, WebhookSource
 from runs.models.ledger import AgentRun
 from tests.helpers import LOOKUP, SAY_DONE, read_settings
 from tests.inbox.test_webhook_desk import source_form

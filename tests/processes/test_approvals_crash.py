@@ -28,10 +28,11 @@ from rest_framework.authtoken.models import Token
 
 from agents.models import Refund
 from runs.execution.executor import execute as execute_run
-from runs.ledger import approvals, effects, reconcile
+from runs.ledger import reconcile
 from runs.management.commands.serve import web_command
 from runs.models.approvals import Decision, PendingCall
 from runs.models.ledger import AgentRun, RunStatus
+from runs.services import decisions
 from runs.services import run as services
 from runs.upkeep import recovery
 from tests.chat.test_chat import _free_port
@@ -178,7 +179,7 @@ def test_the_approved_calls_effect_happens_once_when_its_worker_is_killed(point,
         # The fault belongs to the approved call's step; this process asked and must not die.
         AgentRun.objects.filter(pk=run.pk).update(config={**run.config, "params": {"script": [
             dict(BIG_REFUND, crash=spec["crash"]), REFUNDED]}})
-    approvals.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="approve")
+    decisions.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="approve")
 
     worker = run_python(textwrap.dedent(_PRELUDE) + textwrap.dedent(spec.get("hook", "")) +
                         f"\nexecute_run({json.dumps(str(run.run_id))})\n")
@@ -201,7 +202,7 @@ def test_the_approved_calls_effect_happens_once_when_its_worker_is_killed(point,
             # A call settled "not done" is told to the model, which calls again: a new call, asked anew.
             for asked in end.pending_calls.filter(decision=""):
                 assert asked.call_id != pending.call_id and asked.args == BIG_REFUND["args"], point
-                approvals.decide_call(run_id=end.run_id, call_id=asked.call_id, actor=approver, decision="approve")
+                decisions.decide_call(run_id=end.run_id, call_id=asked.call_id, actor=approver, decision="approve")
             # This time nothing kills the worker (it is this process): the call's scripted fault is gone.
             AgentRun.objects.filter(pk=end.pk).update(config={**end.config, "params": {"script": [
                 BIG_REFUND, REFUNDED]}})
@@ -213,7 +214,7 @@ def test_the_approved_calls_effect_happens_once_when_its_worker_is_killed(point,
         refunds = Refund.objects.count()
         call = end.tool_calls.filter(tool_name="issue_refund", settled_outcome="").first()
         if call is not None:
-            effects.settle_call(run_id=end.run_id, call_id=call.call_id, actor=admin_user,
+            decisions.settle_call(run_id=end.run_id, call_id=call.call_id, actor=admin_user,
                                 outcome="done" if refunds else "not_done", note=f"The bank shows {refunds} refund(s).")
         continued = services.resume_run(end.run_id, actor=admin_user)
         execute_run(str(continued.run_id))

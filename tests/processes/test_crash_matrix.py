@@ -48,10 +48,11 @@ from django.utils import timezone
 
 from agents.models import OutboxEmail
 from runs.execution.executor import execute as execute_run
-from runs.ledger import effects, reconcile
+from runs.ledger import reconcile
 from runs.models.effects import EffectStatus, ToolEffect
 from runs.models.ledger import AgentRun, RunStatus
 from runs.rules import replay
+from runs.services import decisions
 from runs.services import run as services
 from runs.upkeep import recovery
 from tests.helpers import EMAIL_ARGS, SAY_DONE, package_source, postgres_only, run_python
@@ -262,7 +263,7 @@ def test_a_worker_killed_at_each_point_never_repeats_an_effect(agent, point, rep
         # A person looks at the outbox and says what happened.
         call = run.tool_calls.get(tool_name="send_email")
         outcome = "done" if original_emails else "not_done"
-        effects.settle_call(run_id=run.run_id, call_id=call.call_id, actor=admin_user, outcome=outcome,
+        decisions.settle_call(run_id=run.run_id, call_id=call.call_id, actor=admin_user, outcome=outcome,
                             note=f"The outbox shows {original_emails} email(s) from this run.")
         reuse_steps.append(f"settled {outcome}")
     assert forced.status == RunStatus.SUCCESS, reuse_steps
@@ -312,7 +313,7 @@ def test_with_recovery_each_point_ends_with_one_email(point, admin_user, setting
         emails = OutboxEmail.objects.filter(run_id__in=[r.run_id for r in _chain(run)]).count()
         call = end.tool_calls.filter(tool_name="send_email", settled_outcome="").first()
         if call is not None:
-            effects.settle_call(run_id=end.run_id, call_id=call.call_id, actor=admin_user,
+            decisions.settle_call(run_id=end.run_id, call_id=call.call_id, actor=admin_user,
                                 outcome="done" if emails else "not_done", note=f"The outbox shows {emails} email(s).")
         continued = services.resume_run(end.run_id, actor=admin_user)
         execute_run(str(continued.run_id))

@@ -20,10 +20,11 @@ import pytest
 from agents import scripted
 from agents.models import CrmNote, OutboxEmail
 from runs.execution.executor import execute as execute_run
-from runs.ledger import effects, reconcile
+from runs.ledger import reconcile
 from runs.models.ledger import AgentRun, RunStatus
 from runs.refusals import ResumeCallsInDoubt
 from runs.rules import resume
+from runs.services import decisions
 from runs.services import run as services
 from tests.helpers import EMAIL_ARGS, UPDATE_CRM, postgres_only, run_python
 from tests.processes.test_crash_matrix import POINTS, _crash_child, _past_the_stale_window
@@ -79,7 +80,7 @@ def test_killed_inside_send_email_after_its_effect_waits_for_a_person_then_reuse
     call = run.tool_calls.get(tool_name="send_email")
     assert refused.value.context["calls"] == [call.call_id]
 
-    effects.settle_call(run_id=run.run_id, call_id=call.call_id, actor=admin_user, outcome="done",
+    decisions.settle_call(run_id=run.run_id, call_id=call.call_id, actor=admin_user, outcome="done",
                         note="The outbox shows one email to Jane.")
     again = resumed_and_executed(run, admin_user)
     assert again.status == RunStatus.SUCCESS, again.error_message
@@ -91,7 +92,7 @@ def test_killed_inside_send_email_before_its_effect_settled_not_done_is_sent_onc
     run = crashed(4, [dict(SEND_EMAIL, crash="before_effect"), UPDATE_CRM, ANSWER])
     assert OutboxEmail.objects.count() == 0
     call = run.tool_calls.get(tool_name="send_email")
-    effects.settle_call(run_id=run.run_id, call_id=call.call_id, actor=admin_user, outcome="not_done",
+    decisions.settle_call(run_id=run.run_id, call_id=call.call_id, actor=admin_user, outcome="not_done",
                         note="The outbox holds nothing from this run.")
     again = resumed_and_executed(run, admin_user)
     assert again.status == RunStatus.SUCCESS, again.error_message
@@ -144,7 +145,7 @@ def test_emails_per_run_after_resume_at_each_point(point, admin_user, request):
         emails = OutboxEmail.objects.filter(run_id=run.run_id).count()
         outcome = "done" if emails else "not_done"
         for call_id in decision.refusal.context["calls"]:
-            effects.settle_call(run_id=run.run_id, call_id=call_id, actor=admin_user, outcome=outcome,
+            decisions.settle_call(run_id=run.run_id, call_id=call_id, actor=admin_user, outcome=outcome,
                                 note=f"The outbox shows {emails} email(s) from this run.")
         steps.append(f"settled {outcome}")
         decision = resume.decide_resume(run)

@@ -14,6 +14,7 @@ from django.urls import reverse
 
 from agents.adk import adk_database_url
 from runs.models.ledger import AgentRun, RunStatus
+from runs.services import decisions
 from tests.helpers import BASE_DIR, SAY_DONE, SEND_EMAIL, child_env, read_settings, run_manage, run_now, script_params
 
 # Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
@@ -184,7 +185,6 @@ def test_the_demo_ends_well_when_a_person_acts(admin_user):
     finishes with the email served from its record, a resume of the other finishes; a rejected
     refund is reported as not made."""
     from runs.execution import executor
-    from runs.ledger import approvals
     from runs.models.ledger import ToolCallStatus
     from runs.services import run as services
 
@@ -207,7 +207,7 @@ def test_the_demo_ends_well_when_a_person_acts(admin_user):
 
     waiting = runs["Jane was charged twice for order A-1001."]
     (pending,) = waiting.pending_calls.all()
-    approvals.decide_call(run_id=waiting.run_id, call_id=pending.call_id, actor=admin_user, decision="reject",
+    decisions.decide_call(run_id=waiting.run_id, call_id=pending.call_id, actor=admin_user, decision="reject",
                           note="Charged once only.")
     executor.execute(waiting.run_id)
     waiting.refresh_from_db()

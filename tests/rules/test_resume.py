@@ -30,6 +30,7 @@ from runs.models.ledger import AgentRun, RunStatus
 from runs.refusals import ResumeNotPermitted
 from runs.rules import overview, resume
 from runs.rules import replay as rules
+from runs.services import decisions
 from runs.services import run as services
 from runs.upkeep import retention
 from tests.factories import make_run
@@ -189,7 +190,7 @@ def test_a_call_in_doubt_settled_done_is_answered_from_the_settlement(alice, adm
     original = run_now(params=script_params(dict(SEND_EMAIL, tool_fails="SMTP timeout"), SAY_DONE),
                        created_by=alice)
     call = original.tool_calls.get()
-    effects.settle_call(run_id=original.run_id, call_id=call.call_id, actor=admin_user, outcome="done",
+    decisions.settle_call(run_id=original.run_id, call_id=call.call_id, actor=admin_user, outcome="done",
                         note="The outbox shows the email to Jane.")
     preview = resume.decide_resume(original).answers
     assert [(a.kind, a.response["evidence"]) for a in preview] == [
@@ -212,7 +213,7 @@ def test_a_call_settled_not_done_is_called_again_by_the_model_under_a_fresh_id(a
     original = run_now(params=script_params(dict(SEND_EMAIL, id="mail-1", tool_fails="SMTP refused"), SAY_DONE),
                        created_by=alice)
     OutboxEmail.objects.all().delete()  # what the person saw: nothing went out
-    effects.settle_call(run_id=original.run_id, call_id="mail-1", actor=admin_user, outcome="not_done",
+    decisions.settle_call(run_id=original.run_id, call_id="mail-1", actor=admin_user, outcome="not_done",
                         note="The outbox is empty.")
     (answer,) = resume.decide_resume(original).answers
     assert answer.kind == resume.SETTLED_NOT_DONE and "did not happen" in answer.response["error"]
@@ -317,7 +318,7 @@ def test_the_resume_button_confirms_with_the_preview_then_opens_the_resume(suppo
     refused = client.post(form["url"], form["fields"]).content.decode()
     assert "is in doubt" in refused and "Yes, resume" not in refused
 
-    effects.settle_call(run_id=original.run_id, call_id=call.call_id, actor=admin_user, outcome="done",
+    decisions.settle_call(run_id=original.run_id, call_id=call.call_id, actor=admin_user, outcome="done",
                         note="The outbox shows the email.")
     confirmation = client.post(form["url"], form["fields"]).content.decode()
     assert f'id="resume-preview-{call.call_id}"' in confirmation

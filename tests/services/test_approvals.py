@@ -23,13 +23,14 @@ from agents.models import Refund
 from agents.services import save_workflow
 from runs.execution import executor
 from runs.execution.executor import execute as execute_run
-from runs.ledger import approvals, lifecycle, reconcile
+from runs.ledger import lifecycle, reconcile
 from runs.models.approvals import Decision, PendingCall, WaitKind
 from runs.models.effects import ToolEffect
 from runs.models.ledger import AgentRun, RunStatus
 from runs.refusals import AlreadyDecided, ApproveNotPermitted, RunWaiting
 from runs.rules import overview, resume
 from runs.rules import replay as rules
+from runs.services import decisions
 from runs.services import run as services
 from runs.worker import processes as worker
 from tests.chat.test_chat import _turn, alice_token, server  # noqa: F401 - the live server's fixtures
@@ -127,7 +128,7 @@ def test_a_small_refund_needs_no_approval(alice):
 @db
 def test_a_rejection_tells_the_model_and_nothing_is_refunded(alice, approver, requests_seen, admin_user):
     run, pending = waiting_refund(alice, {"say": "The refund was not approved."})
-    approvals.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="reject",
+    decisions.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="reject",
                           note="Not owed.")
     requests_seen.clear()
     run = execute(run)
@@ -154,9 +155,9 @@ def test_a_rejection_tells_the_model_and_nothing_is_refunded(alice, approver, re
 @db
 def test_a_decision_is_taken_once(alice, approver):
     run, pending = waiting_refund(alice)
-    approvals.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="approve")
+    decisions.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="approve")
     with pytest.raises(AlreadyDecided):
-        approvals.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="reject")
+        decisions.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="reject")
     second = api(approver).post(f"/api/runs/{run.run_id}/calls/{pending.call_id}/decision/",
                                 {"decision": "approve"}, format="json")
     assert second.status_code == 409 and second.json()["code"] == "already_decided"
@@ -171,7 +172,7 @@ def test_deciding_needs_the_permission_and_bad_input_is_refused(alice, support_a
     refused = api(support_agent).post(url, {"decision": "approve"}, format="json")
     assert refused.status_code == 403 and refused.json()["code"] == "approve_not_permitted"
     with pytest.raises(ApproveNotPermitted):
-        approvals.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=alice, decision="approve")
+        decisions.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=alice, decision="approve")
     assert api(approver).post(url, {"decision": "maybe"}, format="json").status_code == 400
     assert api(approver).post(url, {"decision": "approve", "extra": 1}, format="json").status_code == 400
     missing = api(approver).post(f"/api/runs/{run.run_id}/calls/nope/decision/", {"decision": "approve"},
@@ -212,10 +213,10 @@ def test_a_long_running_call_waits_for_its_result_then_the_model_gets_it(alice, 
 @db
 def test_an_unanswered_request_times_out_as_a_rejection_with_its_reason(alice, settings):
     run, pending = waiting_refund(alice, {"say": "The refund request timed out."})
-    assert approvals.expire_waiting() == 0  # not due yet
+    assert decisions.expire_waiting() == 0  # not due yet
     later = timezone.now() + timedelta(seconds=settings.APPROVAL_TIMEOUT_SECONDS + 1)
-    assert approvals.expire_waiting(now=later) == 1
-    assert approvals.expire_waiting(now=later) == 0  # idempotent
+    assert decisions.expire_waiting(now=later) == 1
+    assert decisions.expire_waiting(now=later) == 0  # idempotent
     pending.refresh_from_db()
     assert (pending.decision, pending.by_system, pending.decided_by) == (Decision.REJECT, True, None)
     assert "APPROVAL_TIMEOUT_SECONDS=259200" in pending.note
@@ -260,10 +261,10 @@ def test_a_run_waits_for_every_call_it_asked_about_before_it_goes_on(alice, appr
     run = run_now(params=script_params([BIG_REFUND, other], {"say": "Both handled."}), created_by=alice)
     assert run.status == RunStatus.WAITING
     first, second = PendingCall.objects.filter(run=run).order_by("pk")
-    approvals.decide_call(run_id=run.run_id, call_id=first.call_id, actor=approver, decision="approve")
+    decisions.decide_call(run_id=run.run_id, call_id=first.call_id, actor=approver, decision="approve")
     run.refresh_from_db()
     assert run.status == RunStatus.WAITING
-    approvals.decide_call(run_id=run.run_id, call_id=second.call_id, actor=approver, decision="reject")
+    decisions.decide_call(run_id=run.run_id, call_id=second.call_id, actor=approver, decision="reject")
     run = execute(AgentRun.objects.get(pk=run.pk))
     assert run.status == RunStatus.SUCCESS, run.error_message
     assert list(Refund.objects.values_list("order_id", flat=True)) == ["A-1001"]
@@ -363,7 +364,7 @@ def test_a_decision_survives_the_worker_that_should_have_taken_it(alice, approve
     # run stays queued (the sweep leaves a run whose task waits in the broker alone), the task is
     # delivered again, and the run goes on once.
     run, pending = waiting_refund(alice)
-    approvals.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="approve")
+    decisions.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="approve")
     reconcile.sweep(now=timezone.now() + timedelta(hours=1))
     run.refresh_from_db()
     assert run.status == RunStatus.QUEUED
@@ -377,7 +378,7 @@ def test_a_run_that_died_before_its_answers_reached_adk_is_resumed_from_the_deci
     # The attempt that took the approval was claimed and died before handing ADK the answers (as
     # after a SIGKILL; tests/processes/test_approvals_crash.py kills it for real): the decision is the evidence.
     run, pending = waiting_refund(alice)
-    approvals.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="approve")
+    decisions.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="approve")
     AgentRun.objects.filter(pk=run.pk).update(status=RunStatus.ERROR, error_code=reconcile.RECONCILED, attempts=2,
                                               finished_at=timezone.now())
     run.refresh_from_db()
@@ -431,7 +432,7 @@ def test_a_worker_killed_while_its_run_waits_leaves_it_waiting_and_an_approval_c
     run.refresh_from_db()
     assert run.status == RunStatus.WAITING and Refund.objects.count() == 0
     (pending,) = run.pending_calls.all()
-    approvals.decide_call(run_id=run_id, call_id=pending.call_id, actor=approver, decision="approve", note="ok")
+    decisions.decide_call(run_id=run_id, call_id=pending.call_id, actor=approver, decision="approve", note="ok")
     # Another worker process takes it.
     worker = run_python(f"from runs.execution.executor import execute as execute_run\nprint(execute_run({run_id!r}))")
     assert worker.returncode == 0, worker.stderr[-3000:]
@@ -449,10 +450,10 @@ def test_two_concurrent_decisions_on_one_call_take_one(alice, approver):
     code = textwrap.dedent("""
         from django.contrib.auth import get_user_model
         from config.lib.refusals import Refusal
-        from runs.ledger import approvals
+        from runs.services import decisions
         actor = get_user_model().objects.get(pk={actor})
         try:
-            print(approvals.decide_call(run_id="{run}", call_id="{call}", actor=actor, decision="{decision}").decision)
+            print(decisions.decide_call(run_id="{run}", call_id="{call}", actor=actor, decision="{decision}").decision)
         except Refusal as refusal:
             print(refusal.code)
     """)
@@ -484,7 +485,7 @@ def test_a_worker_killed_inside_the_approved_tool_leaves_it_in_doubt_never_done_
     run, pending = waiting_refund(alice, REFUNDED)
     AgentRun.objects.filter(pk=run.pk).update(config={**run.config, "params": script_params(
         dict(BIG_REFUND, crash="after_effect"), REFUNDED)})
-    approvals.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="approve")
+    decisions.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="approve")
     worker = run_python(f"from runs.execution.executor import execute as execute_run\nexecute_run({str(run.run_id)!r})")
     assert worker.returncode == -signal.SIGKILL, worker.stderr[-3000:]
     assert Refund.objects.count() == 1  # it acted, then died
@@ -507,7 +508,7 @@ def test_a_gated_calls_scripted_fault_befalls_the_attempt_that_runs_it_not_the_o
     assert run.status == RunStatus.WAITING, (run.error_code, run.error_message)
     assert Refund.objects.count() == 0
     (pending,) = PendingCall.objects.filter(run=run)
-    approvals.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="approve")
+    decisions.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="approve")
     run = execute(run)
     # The approved call ran, acted, then failed as scripted.
     assert (run.status, run.error_code) == (RunStatus.ERROR, "tool_failed"), run.error_message
@@ -519,7 +520,7 @@ def test_a_gated_calls_scripted_fault_befalls_the_attempt_that_runs_it_not_the_o
 def test_a_chat_turn_queued_again_after_it_waited_is_a_workers_not_abandoned(alice, approver):
     run, pending = waiting_refund(alice)
     AgentRun.objects.filter(pk=run.pk).update(trigger="chat")
-    approvals.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="approve")
+    decisions.decide_call(run_id=run.run_id, call_id=pending.call_id, actor=approver, decision="approve")
     later = timezone.now() + timedelta(hours=1)
     # Its server's client is gone, but the turn was claimed before: nothing to abandon.
     assert reconcile.abandon_lost_chat_turns(now=later) == 0
@@ -550,7 +551,7 @@ def test_a_chat_turn_that_waits_says_so_and_keeps_its_conversation_busy(server, 
                     params=script_params({"say": "Hm."}))
     assert busy.status_code == 409 and busy.json()["code"] == "conversation_busy"
 
-    approvals.decide_call(run_id=done["run_id"], call_id=call["call_id"], actor=approver, decision="approve")
+    decisions.decide_call(run_id=done["run_id"], call_id=call["call_id"], actor=approver, decision="approve")
     assert execute_run(done["run_id"]) == RunStatus.SUCCESS  # a worker takes the turn on
     turn = AgentRun.objects.get(pk=done["run_id"])
     assert (turn.result, turn.attempts) == ("Refunded order A-1001.", 2)

@@ -18,12 +18,12 @@ from rest_framework.test import APIClient
 from agents.models import OutboxEmail
 from runs.execution import executor
 from runs.ledger import reconcile
-from runs.ledger.effects import settle_call
 from runs.models.effects import EffectStatus, ToolEffect
 from runs.models.ledger import AgentRun, RunStatus
 from runs.refusals import CallsInDoubt, NoteRequired, NotInDoubt, SettleNotPermitted, ToolsCalled
 from runs.rules import replay as rules
 from runs.services import run as services
+from runs.services.decisions import settle_call
 from tests.helpers import SAY_DONE, SEND_EMAIL, run_now, run_python, script_params
 
 # Runs execute on the agent loop, and a worker killed in a child process leaves the calls to settle.
