@@ -40,10 +40,9 @@ SQLite, session copies without a revision marker) goes through the stock impleme
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 from google.adk.errors._stale_session_error import StaleSessionError
 from google.adk.errors.already_exists_error import AlreadyExistsError
@@ -60,273 +59,45 @@ from google.adk.sessions.database_session_service import (
 )
 from google.adk.sessions.migration import _schema_check_utils
 from google.adk.sessions.schemas.shared import timestamp_to_utc_datetime, utc_datetime_to_timestamp
-from google.adk.sessions.schemas.v1 import StorageAppState, StorageEvent, StorageSession, StorageUserState
+from google.adk.sessions.schemas.v1 import StorageEvent, StorageSession
 from google.adk.sessions.session import Session
-from sqlalchemy import Table, and_, bindparam, column, exists, inspect, literal_column, select, text, true, update
+from sqlalchemy import Table, bindparam, inspect, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.sql.elements import ColumnElement, TextClause
 from sqlalchemy.util import greenlet_spawn
+
+from agents.session_sql import (
+    APP_STATE_EXISTS,
+    APP_STATES,
+    CLAIM_RETURNING_STATE,
+    EVENT_COLUMNS,
+    EVENT_EXISTS,
+    EVENT_MAPPER,
+    INSERT_EVENT,
+    INSERT_SESSION,
+    INSERT_SESSION_LAGGING,
+    POSTGRESQL,
+    READ_EVENTS,
+    READ_EVENTS_AFTER,
+    READ_SESSION,
+    SESSION_EXISTS,
+    SET_SESSION_STATE,
+    SQLITE,
+    TICK,
+    USER_STATE_EXISTS,
+    USER_STATES,
+    Fenced,
+    append_statement,
+    commit_may_lag,
+    fenced_for,
+    riders,
+)
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-_SESSIONS: Table = StorageSession.__table__
-_EVENTS: Table = StorageEvent.__table__
-_APP_STATES: Table = StorageAppState.__table__
-_USER_STATES: Table = StorageUserState.__table__
-_EVENT_MAPPER = inspect(StorageEvent)
-
-_POSTGRESQL = "postgresql"
-_SQLITE = "sqlite"
-# One microsecond is the resolution of the revision column on both databases.
-_TICK = timedelta(microseconds=1)
-
-# Built once: constructing and cache-keying a statement costs more than sending it.
-_THIS_SESSION = and_(
-    _SESSIONS.c.app_name == bindparam("k_app"),
-    _SESSIONS.c.user_id == bindparam("k_user"),
-    _SESSIONS.c.id == bindparam("k_session"),
-)
-_APP_STATE_PRESENT = exists().where(_APP_STATES.c.app_name == bindparam("k_app"))
-_USER_STATE_PRESENT = exists().where(
-    _USER_STATES.c.app_name == bindparam("k_app"), _USER_STATES.c.user_id == bindparam("k_user")
-)
-# The stock service refuses an append whose app or user state row is missing (create_session
-# makes both), so the claim matches no row then: nothing is written, and the lost race says why.
-_CLAIM = update(_SESSIONS).where(
-    _THIS_SESSION, _SESSIONS.c.update_time == bindparam("k_expected"), _APP_STATE_PRESENT, _USER_STATE_PRESENT
-)
-_CLAIM = _CLAIM.values(update_time=bindparam("k_revision"))
-# jsonb || is a shallow merge, exactly dict.update.
-_CLAIM_AND_MERGE = _CLAIM.values(state=_SESSIONS.c.state.op("||")(bindparam("k_delta", type_=postgresql.JSONB)))
-_CLAIM_RETURNING_STATE = _CLAIM.returning(_SESSIONS.c.state)
-_SET_SESSION_STATE = update(_SESSIONS).where(_THIS_SESSION).values(state=bindparam("k_state"))
-_SESSION_EXISTS = select(exists().where(_THIS_SESSION))
-_APP_STATE_EXISTS = select(_APP_STATE_PRESENT)
-_USER_STATE_EXISTS = select(_USER_STATE_PRESENT)
-_EVENT_EXISTS = select(
-    exists().where(
-        _EVENTS.c.id == bindparam("k_event"),
-        _EVENTS.c.app_name == bindparam("k_app"),
-        _EVENTS.c.user_id == bindparam("k_user"),
-        _EVENTS.c.session_id == bindparam("k_session"),
-    )
-)
-_INSERT_EVENT = _EVENTS.insert()
-# (attribute, column) of every column StorageEvent maps.
-_EVENT_COLUMNS = [(prop.key, prop.columns[0].key) for prop in _EVENT_MAPPER.column_attrs]
-
-
-# PostgreSQL's `SET LOCAL synchronous_commit = off`, as a condition of the event row's SELECT so
-# that it costs no statement of its own (set_config(…, true) is SET LOCAL; it is read at COMMIT).
-_COMMIT_MAY_LAG = text("set_config('synchronous_commit', 'off', true) = 'off'")
-
-
-def _claim_then_insert(
-    claim: Any, *, rider: Sequence[TextClause] | None = None, lagging: bool = False
-) -> Any:
-    """One statement: the event row is inserted only if `claim` matched the session's revision.
-
-    With a `rider` (PostgreSQL): each of its data-modifying statements joins as a later CTE,
-    reading `stored` (the inserted row, so it writes nothing when the event is not stored), still
-    one statement returning the event's id.
-    """
-    claimed = claim.returning(_SESSIONS.c.id).cte("claimed")
-    row = select(*(bindparam(f"e_{column}", type_=_EVENTS.c[column].type) for _, column in _EVENT_COLUMNS))
-    if lagging:
-        row = row.where(_COMMIT_MAY_LAG)
-    insert = (
-        _EVENTS.insert()
-        .from_select([column for _, column in _EVENT_COLUMNS], row.select_from(claimed))
-        .returning(_EVENTS.c.id)
-    )
-    if not rider:
-        return insert
-    stored = insert.cte("stored")
-    # Joined (LEFT, on true) rather than added: CTEs render in the order they are met, and the
-    # rider must come after the `stored` it reads. It returns a row per row it wrote, hence DISTINCT.
-    joined = stored
-    for index, statement in enumerate(rider):
-        joined = joined.outerjoin(statement.columns(column("n")).cte(f"ride_{index}"), true())
-    return select(stored.c.id).distinct().select_from(joined)
-
-
-_APPEND = _claim_then_insert(_CLAIM)
-_APPEND_AND_MERGE = _claim_then_insert(_CLAIM_AND_MERGE)
-
-
-class AppendRider(Protocol):
-    """Writes that ride in an event's append statement on PostgreSQL instead of following it.
-
-    The ledger installs one (`runs.ledger.journal.AnswersRider`: the journal rows a function response
-    answers, and the effect records it finishes). `sql` gives data-modifying statements (each
-    `… RETURNING 1 AS n`) that read the CTE `stored` (the event row just inserted) and bind
-    `k_ride_*` parameters; `params` gives them
-    for one event row, or None when the rider has nothing to write for it (the row's
-    `after_insert` hooks then do everything, as on SQLite). Only the statement is shared: the
-    rider and those hooks agree between themselves on who wrote what.
-    """
-
-    def sql(self) -> Sequence[TextClause]: ...
-
-    def params(self, row: StorageEvent) -> dict[str, Any] | None: ...
-
-
-_riders: list[AppendRider] = []
-_ridden: dict[tuple[bool, bool, bool], Any] = {}
-
-
-def install_append_rider(rider: AppendRider) -> None:
-    """Let `rider` write in the append statement of every later event (PostgreSQL only)."""
-    _riders[:] = [rider]
-    _ridden.clear()
-
-
-class AppendFence(Protocol):
-    """A condition an event must meet to be stored, checked in the append's own statement.
-
-    The ledger installs one (`runs.ledger.leases.EventFence`): an event of a run is stored only while
-    the attempt that wrote it still holds the run. This module knows no runs: the fence says which
-    events it guards (`params`, None for the others), the SQL that must hold (`condition`, binding
-    `k_fence_*` parameters) and what a refused event raises (`refused`).
-    """
-
-    def condition(self, dialect: str) -> ColumnElement[bool] | TextClause: ...
-
-    def params(self, event: Event) -> dict[str, Any] | None: ...
-
-    def refused(self, event: Event) -> BaseException: ...
-
-
-@dataclass(frozen=True)
-class _Fenced:
-    fence: AppendFence
-    claim: Any
-    claim_and_merge: Any
-    append: Any
-    append_and_merge: Any
-    claim_returning_state: Any
-    holds: Any
-
-
-_fences: dict[str, _Fenced] = {}
-_installed: list[AppendFence] = []
-
-
-def install_append_fence(fence: AppendFence) -> None:
-    """Guard every later append with `fence` (statements built once per dialect, on first use)."""
-    _installed[:] = [fence]
-    _fences.clear()
-    _ridden.clear()
-
-
-def _fenced(dialect: str) -> _Fenced | None:
-    if not _installed:
-        return None
-    built = _fences.get(dialect)
-    if built is None or built.fence is not _installed[0]:
-        fence = _installed[0]
-        condition = fence.condition(dialect)
-        built = _Fenced(
-            fence=fence,
-            claim=_CLAIM.where(condition),
-            claim_and_merge=_CLAIM_AND_MERGE.where(condition),
-            append=_claim_then_insert(_CLAIM.where(condition)),
-            append_and_merge=_claim_then_insert(_CLAIM_AND_MERGE.where(condition)),
-            claim_returning_state=_CLAIM_RETURNING_STATE.where(condition),
-            holds=select(literal_column("1")).where(condition),
-        )
-        _fences[dialect] = built
-    return built
-
-
-def _append_statement(fenced: _Fenced | None, *, merge: bool, ride: bool, lagging: bool) -> Any:
-    """The PostgreSQL append statement of one shape (built once per shape)."""
-    if not ride and not lagging:
-        if fenced is not None:
-            return fenced.append_and_merge if merge else fenced.append
-        return _APPEND_AND_MERGE if merge else _APPEND
-    key = (fenced is not None, merge, ride, lagging)
-    built = _ridden.get(key)
-    if built is None:
-        if fenced is not None:
-            claim = fenced.claim_and_merge if merge else fenced.claim
-        else:
-            claim = _CLAIM_AND_MERGE if merge else _CLAIM
-        built = _ridden[key] = _claim_then_insert(
-            claim, rider=_riders[0].sql() if ride else None, lagging=lagging
-        )
-    return built
-
-
-def commit_may_lag(event: Event) -> bool:
-    """Whether an event's commit may reach the disk after the append returns (PostgreSQL).
-
-    Only an event without function calls: nothing acts on it before the next write that must be
-    durable. A function call's event (and the journal row written with it) is what a tool waits
-    for; it commits synchronously, and so flushes the write-ahead log up to it, every lagging
-    event before it included. The settle, effect records and every other write keep the
-    server's setting. A lagging commit is visible at once and survives any crash of the client;
-    only a crash of the database server within its WAL writer delay (200 ms by default) can lose
-    it, and then it is lost together with everything after it in the log, never out of order.
-    """
-    return not event.get_function_calls()
-
-
-_APP_STATE_OF = select(_APP_STATES.c.state).where(_APP_STATES.c.app_name == bindparam("k_app"))
-_USER_STATE_OF = select(_USER_STATES.c.state).where(
-    _USER_STATES.c.app_name == bindparam("k_app"), _USER_STATES.c.user_id == bindparam("k_user")
-)
-_INSERT_SESSION = (
-    _SESSIONS.insert()
-    .values(
-        app_name=bindparam("k_app"),
-        user_id=bindparam("k_user"),
-        id=bindparam("k_session"),
-        state=bindparam("k_state"),
-        create_time=bindparam("k_now"),
-        update_time=bindparam("k_now"),
-    )
-    # The shared state rows come back with the insert: no separate reads.
-    .returning(
-        _APP_STATE_OF.scalar_subquery().label("app_state"),
-        _USER_STATE_OF.scalar_subquery().label("user_state"),
-    )
-)
-# A new session precedes no side effect either (commit_may_lag): its commit may lag the same way.
-_INSERT_SESSION_LAGGING = _INSERT_SESSION.returning(
-    literal_column("set_config('synchronous_commit', 'off', true)").label("commit_lags")
-)
-_READ_SESSION = (
-    select(
-        _SESSIONS.c.state,
-        _SESSIONS.c.update_time,
-        _APP_STATES.c.state.label("app_state"),
-        _USER_STATES.c.state.label("user_state"),
-    )
-    .select_from(
-        _SESSIONS.outerjoin(_APP_STATES, _APP_STATES.c.app_name == _SESSIONS.c.app_name).outerjoin(
-            _USER_STATES,
-            and_(_USER_STATES.c.app_name == _SESSIONS.c.app_name, _USER_STATES.c.user_id == _SESSIONS.c.user_id),
-        )
-    )
-    .where(_THIS_SESSION)
-)
-_READ_EVENTS = (
-    select(_EVENTS.c.id, _EVENTS.c.invocation_id, _EVENTS.c.timestamp, _EVENTS.c.event_data)
-    .where(
-        _EVENTS.c.app_name == bindparam("k_app"),
-        _EVENTS.c.user_id == bindparam("k_user"),
-        _EVENTS.c.session_id == bindparam("k_session"),
-    )
-    .order_by(_EVENTS.c.timestamp.desc(), _EVENTS.c.id.desc())
-)
-_READ_EVENTS_AFTER = _READ_EVENTS.where(_EVENTS.c.timestamp >= bindparam("k_after"))
-
 
 def _state_missing(session: Session, scope: str) -> ValueError:
     """What the stock service raises when an append finds no app or user state row, word for word."""
@@ -360,7 +131,7 @@ def _revision_after(current: datetime, event: Event) -> datetime:
     current revision) would let a writer holding that older revision win: revisions only ever
     move forward here.
     """
-    return max(timestamp_to_utc_datetime(event.timestamp), current + _TICK)
+    return max(timestamp_to_utc_datetime(event.timestamp), current + TICK)
 
 
 def _insert_event_row(conn: Connection, row: StorageEvent, *, insert: Callable[[dict[str, Any]], bool]) -> bool:
@@ -370,10 +141,10 @@ def _insert_event_row(conn: Connection, row: StorageEvent, *, insert: Callable[[
     hooks run only if it did.
     """
     state = inspect(row)
-    _EVENT_MAPPER.dispatch.before_insert(_EVENT_MAPPER, conn, state)
-    if not insert({column: getattr(row, attribute) for attribute, column in _EVENT_COLUMNS}):
+    EVENT_MAPPER.dispatch.before_insert(EVENT_MAPPER, conn, state)
+    if not insert({column: getattr(row, attribute) for attribute, column in EVENT_COLUMNS}):
         return False
-    _EVENT_MAPPER.dispatch.after_insert(_EVENT_MAPPER, conn, state)
+    EVENT_MAPPER.dispatch.after_insert(EVENT_MAPPER, conn, state)
     return True
 
 
@@ -399,7 +170,7 @@ class SessionStore(DatabaseSessionService):
         # PostgreSQL. pysqlite opens no transaction for a SELECT anyway.
         self._read_engine = (
             self.db_engine.execution_options(isolation_level="AUTOCOMMIT")
-            if self._dialect == _POSTGRESQL
+            if self._dialect == POSTGRESQL
             else self.db_engine
         )
 
@@ -407,7 +178,7 @@ class SessionStore(DatabaseSessionService):
 
     def _fast(self) -> bool:
         return (
-            self._dialect in (_POSTGRESQL, _SQLITE)
+            self._dialect in (POSTGRESQL, SQLITE)
             and self._db_schema_version == _schema_check_utils.LATEST_SCHEMA_VERSION
         )
 
@@ -508,14 +279,14 @@ class SessionStore(DatabaseSessionService):
         key = _key(session)
         claim = {**key, "k_expected": expected, "k_revision": revision}
         session_delta = deltas["session"]
-        fenced = _fenced(self._dialect)
+        fenced = fenced_for(self._dialect)
         fence_params = fenced.fence.params(event) if fenced is not None else None
         if fence_params is None:
             fenced = None
         else:
             claim.update(fence_params)
         with conn.begin():
-            if self._dialect == _POSTGRESQL:
+            if self._dialect == POSTGRESQL:
                 if session_delta:
                     claim["k_delta"] = session_delta
                 lagging = self._lagging_commits and commit_may_lag(event)
@@ -523,10 +294,10 @@ class SessionStore(DatabaseSessionService):
                 def claim_and_insert(values: dict[str, Any]) -> bool:
                     params = {**claim, **{f"e_{column}": value for column, value in values.items()}}
                     # Asked after the before_insert hooks, on the row as it will be stored.
-                    ride = _riders[0].params(row) if _riders else None
+                    ride = riders[0].params(row) if riders else None
                     if ride is not None:
                         params.update(ride)
-                    statement = _append_statement(
+                    statement = append_statement(
                         fenced, merge=bool(session_delta), ride=ride is not None, lagging=lagging
                     )
                     return conn.execute(statement, params).first() is not None
@@ -534,16 +305,16 @@ class SessionStore(DatabaseSessionService):
                 if not _insert_event_row(conn, row, insert=claim_and_insert):
                     self._raise_lost_race(conn, session, event=event, fenced=fenced, claim=claim)
             else:
-                claim_statement = fenced.claim_returning_state if fenced is not None else _CLAIM_RETURNING_STATE
+                claim_statement = fenced.claim_returning_state if fenced is not None else CLAIM_RETURNING_STATE
                 stored = conn.execute(claim_statement, claim).first()
                 if stored is None:
                     self._raise_lost_race(conn, session, event=event, fenced=fenced, claim=claim)
                 # The UPDATE above took SQLite's write lock: nobody can change the state in between.
                 if session_delta:
-                    conn.execute(_SET_SESSION_STATE, {**key, "k_state": {**(stored.state or {}), **session_delta}})
+                    conn.execute(SET_SESSION_STATE, {**key, "k_state": {**(stored.state or {}), **session_delta}})
 
                 def insert(values: dict[str, Any]) -> bool:
-                    conn.execute(_INSERT_EVENT, values)
+                    conn.execute(INSERT_EVENT, values)
                     return True
 
                 _insert_event_row(conn, row, insert=insert)
@@ -551,11 +322,11 @@ class SessionStore(DatabaseSessionService):
             # would, never made again.
             if deltas["app"]:
                 app_keys = {"app_name": session.app_name}
-                if self._merge_state_row(conn, _APP_STATES, app_keys, deltas["app"], revision, create=False) is None:
+                if self._merge_state_row(conn, APP_STATES, app_keys, deltas["app"], revision, create=False) is None:
                     raise _state_missing(session, "app")
             if deltas["user"]:
                 keys = {"app_name": session.app_name, "user_id": session.user_id}
-                if self._merge_state_row(conn, _USER_STATES, keys, deltas["user"], revision, create=False) is None:
+                if self._merge_state_row(conn, USER_STATES, keys, deltas["user"], revision, create=False) is None:
                     raise _state_missing(session, "user")
 
     @staticmethod
@@ -564,24 +335,24 @@ class SessionStore(DatabaseSessionService):
         session: Session,
         *,
         event: Event | None = None,
-        fenced: _Fenced | None = None,
+        fenced: Fenced | None = None,
         claim: dict[str, Any] | None = None,
     ) -> None:
         # Only a lost compare-and-set pays for these reads: was the event fenced off, the session
         # advanced, or is it gone?
         if fenced is not None and event is not None and conn.execute(fenced.holds, claim).first() is None:
             raise fenced.fence.refused(event)
-        if not conn.execute(_SESSION_EXISTS, _key(session)).scalar():
+        if not conn.execute(SESSION_EXISTS, _key(session)).scalar():
             raise SessionNotFoundError(f"Session {session.id} not found.")
-        if not conn.execute(_APP_STATE_EXISTS, _key(session)).scalar():
+        if not conn.execute(APP_STATE_EXISTS, _key(session)).scalar():
             raise _state_missing(session, "app")
-        if not conn.execute(_USER_STATE_EXISTS, _key(session)).scalar():
+        if not conn.execute(USER_STATE_EXISTS, _key(session)).scalar():
             raise _state_missing(session, "user")
         raise StaleSessionError(_STALE_SESSION_ERROR_MESSAGE)
 
     @staticmethod
     def _event_stored(conn: Connection, session: Session, event: Event) -> bool:
-        return bool(conn.execute(_EVENT_EXISTS, {**_key(session), "k_event": event.id}).scalar())
+        return bool(conn.execute(EVENT_EXISTS, {**_key(session), "k_event": event.id}).scalar())
 
     def _merge_state_row(
         self,
@@ -598,7 +369,7 @@ class SessionStore(DatabaseSessionService):
         A missing row is created (`create`, as creating a session does) or left missing: None.
         """
         this_row = [table.c[name] == value for name, value in keys.items()]
-        if self._dialect == _POSTGRESQL:
+        if self._dialect == POSTGRESQL:
             if create:
                 statement = postgresql.insert(table).values(**keys, state=delta, update_time=when)
                 statement = statement.on_conflict_do_update(
@@ -668,11 +439,11 @@ class SessionStore(DatabaseSessionService):
         with conn.begin():
             app_state = user_state = None
             if deltas["app"]:
-                app_state = self._merge_state_row(conn, _APP_STATES, app_keys, deltas["app"], now)
+                app_state = self._merge_state_row(conn, APP_STATES, app_keys, deltas["app"], now)
             if deltas["user"]:
-                user_state = self._merge_state_row(conn, _USER_STATES, user_keys, deltas["user"], now)
+                user_state = self._merge_state_row(conn, USER_STATES, user_keys, deltas["user"], now)
             values = {"k_app": app_name, "k_user": user_id, "k_session": session_id, "k_state": deltas["session"]}
-            insert = _INSERT_SESSION_LAGGING if self._lagging_commits and self._dialect == _POSTGRESQL else _INSERT_SESSION
+            insert = INSERT_SESSION_LAGGING if self._lagging_commits and self._dialect == POSTGRESQL else INSERT_SESSION
             try:
                 inserted = conn.execute(insert, {**values, "k_now": now}).one()
             except IntegrityError:
@@ -680,17 +451,17 @@ class SessionStore(DatabaseSessionService):
             if app_state is None:
                 app_state = inserted.app_state
                 if app_state is None:
-                    app_state = self._ensure_state_row(conn, _APP_STATES, app_keys, now)
+                    app_state = self._ensure_state_row(conn, APP_STATES, app_keys, now)
             if user_state is None:
                 user_state = inserted.user_state
                 if user_state is None:
-                    user_state = self._ensure_state_row(conn, _USER_STATES, user_keys, now)
+                    user_state = self._ensure_state_row(conn, USER_STATES, user_keys, now)
         storage_session = StorageSession(app_name=app_name, user_id=user_id, id=session_id, update_time=now)
         return storage_session.to_session(state=_merge_state(app_state, user_state, deltas["session"]))
 
     def _ensure_state_row(self, conn: Connection, table: Table, keys: dict[str, str], when: datetime) -> dict[str, Any]:
         """Create an empty app or user state row; if a concurrent creator won, its state."""
-        dialect_insert = postgresql.insert if self._dialect == _POSTGRESQL else sqlite.insert
+        dialect_insert = postgresql.insert if self._dialect == POSTGRESQL else sqlite.insert
         statement = dialect_insert(table).values(**keys, state={}, update_time=when).on_conflict_do_nothing()
         # RETURNING, not the row count: an INSERT's row count is not reliable across drivers.
         if conn.execute(statement.returning(table.c.state)).first() is not None:
@@ -741,12 +512,12 @@ class SessionStore(DatabaseSessionService):
         # The session row first: its revision can then only be older than the events read next,
         # so a racing append makes the next write stale instead of silently skipping an event
         # this copy never saw.
-        found = conn.execute(_READ_SESSION, key).first()
+        found = conn.execute(READ_SESSION, key).first()
         if found is None or (config and config.num_recent_events == 0):
             return found, []
-        events, params = _READ_EVENTS, dict(key)
+        events, params = READ_EVENTS, dict(key)
         if config and config.after_timestamp:
-            events = _READ_EVENTS_AFTER
+            events = READ_EVENTS_AFTER
             params["k_after"] = datetime.fromtimestamp(config.after_timestamp, tz=UTC).replace(tzinfo=None)
         if config and config.num_recent_events is not None:
             events = events.limit(config.num_recent_events)

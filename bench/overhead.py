@@ -85,7 +85,7 @@ class _TraceReader:
     in_transaction: bool = False
     prepared: dict[str, str] = field(default_factory=dict)
     bound: str = ""
-    # The open transaction set synchronous_commit off (agents.session_store.commit_may_lag).
+    # The open transaction set synchronous_commit off (agents.session_sql.commit_may_lag).
     lagging: bool = False
 
     def read(self, counts: dict[str, float]) -> None:

@@ -181,7 +181,7 @@ ADK_DB_MAX_OVERFLOW = env_int("ADK_DB_MAX_OVERFLOW", max(2, _RUN_CONCURRENCY_FOR
 ADK_DB_POOL_RECYCLE_SECONDS = env_int("ADK_DB_POOL_RECYCLE_SECONDS", 300, minimum=1)
 # PostgreSQL: an event without function calls commits with synchronous_commit off; a function
 # call's event (its journal row), effect records and the settle always wait for the disk
-# (agents.session_store.commit_may_lag, docs/scale.md, "Durability and commits").
+# (agents.session_sql.commit_may_lag, docs/scale.md, "Durability and commits").
 EVENT_COMMITS_MAY_LAG = env_bool("EVENT_COMMITS_MAY_LAG", True)
 
 CACHES = {

@@ -12,7 +12,7 @@ class RunsConfig(AppConfig):
 
     def ready(self) -> None:
         # Registers the journal's hook on ADK's event rows in every process that stores events.
-        from agents.session_store import install_append_fence, install_append_rider
+        from agents.session_sql import install_append_fence, install_append_rider
         from runs.ledger import journal, leases
 
         # An event of a run is stored only while its attempt still holds the run.

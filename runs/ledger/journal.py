@@ -281,7 +281,7 @@ _FINISH_EFFECTS_IN_THE_APPEND = text(
 
 
 class AnswersRider:
-    """`agents.session_store`'s append rider: a function response marks the calls it answers, and
+    """`agents.session_sql`'s append rider: a function response marks the calls it answers, and
     finishes the effect records they started, in its own event's statement (no statement or
     round trip of their own).
 

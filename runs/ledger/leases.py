@@ -119,7 +119,7 @@ def _db_uuid(value: Any) -> Any:
 
 
 class EventFence:
-    """`agents.session_store`'s append fence: an event of a leased run is stored only while held.
+    """`agents.session_sql`'s append fence: an event of a leased run is stored only while held.
 
     The condition joins the append's compare-and-set statement; FOR SHARE makes an append wait
     for a reconciler holding the run's row, then see its verdict (concurrent appends of one run
