@@ -185,7 +185,8 @@ def lose_machines(count: int) -> tuple[list[float], list[dict]]:
 def fencing_price(events: int) -> dict[str, dict[str, float]]:
     """Statements, round trips and commits per function-call event + journal row, unfenced and fenced."""
     sys.path.insert(0, str(ROOT / "bench"))
-    from overhead import Wire, _bench_event, _journal_run, trace_engine
+    from _wire import Wire, trace_engine
+    from overhead import _bench_event, _journal_run
 
     from agents.adk import run_coroutine, session_service
 
