@@ -11,5 +11,6 @@ what it holds; `pyproject.toml`'s "Rooms inside runs" contract says which may im
 - `rules` (replay, resume, who may, who sees, the desk's sets);
 - `ledger` (the record: lifecycle, leases, journal, effects and waits at call time, reconcile);
 - `models`;
-- `inputs` (what may be stored, pure of the models) and `refusals` (the ledger's refusals).
+- `inputs` (what may be stored, pure of the models), `refusals` (the ledger's refusals) and
+  `templatetags` (the desk's template filters).
 """
