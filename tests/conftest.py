@@ -15,6 +15,8 @@ from django.contrib.contenttypes.models import ContentType
 from django.db import connections, transaction
 from django.test import TransactionTestCase
 
+from tests.kit import with_permissions
+
 # --- Emptying the database after a test that committed ------------------------------------------
 
 # What post_migrate writes and no test changes: kept, so the signal need not run after each test.
@@ -115,6 +117,34 @@ def no_worker(monkeypatch):
     monkeypatch.setattr(lifecycle, "announce_run", lambda run_id: None)
 
 
+@pytest.fixture
+def announced(monkeypatch) -> list:
+    """No worker runs in this test: the run ids announced to the workers, recorded in order."""
+    from runs.ledger import lifecycle
+
+    run_ids: list = []
+    monkeypatch.setattr(lifecycle, "announce_run", run_ids.append)
+    return run_ids
+
+
+@pytest.fixture
+def no_inbox_worker(monkeypatch):
+    """No worker works the inbox in this test: webhook events received are stored, never announced."""
+    from runs.inbox import receipt
+
+    monkeypatch.setattr(receipt, "announce_event", lambda event_id: None)
+
+
+@pytest.fixture
+def announced_events(monkeypatch) -> list[str]:
+    """Webhook events the inbox announces to the workers, recorded (no worker runs here: tests process them directly)."""
+    from runs.inbox import receipt
+
+    event_ids: list[str] = []
+    monkeypatch.setattr(receipt, "announce_event", lambda event_id: event_ids.append(str(event_id)))
+    return event_ids
+
+
 # --- Personas -------------------------------------------------------------------------------------
 
 
@@ -138,30 +168,25 @@ def bob(django_user_model):
 DESK = ["view_agentrun", "view_toolcall", "replay_agentrun", "cancel_agentrun", "resolve_webhookevent"]
 
 
-def _with_permissions(user, codenames: list[str]):
-    user.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
-    return user
-
-
 @pytest.fixture
 def support_agent(django_user_model):
     """Support staff: sees every run in the admin, may replay and cancel anyone's run but not force."""
     user = django_user_model.objects.create_user("sam", password="sam-pass-123", is_staff=True)
-    return _with_permissions(user, DESK)
+    return with_permissions(user, DESK)
 
 
 @pytest.fixture
 def support_lead(django_user_model):
     """Senior support: may also force a replay the rules refuse."""
     user = django_user_model.objects.create_user("lee", password="lee-pass-123", is_staff=True)
-    return _with_permissions(user, [*DESK, "force_replay_agentrun"])
+    return with_permissions(user, [*DESK, "force_replay_agentrun"])
 
 
 @pytest.fixture
 def run_viewer(django_user_model):
     """May read every run (runs.view_agentrun) and nothing more: seeing is not acting."""
     user = django_user_model.objects.create_user("vera", password="vera-pass-123", is_staff=True)
-    return _with_permissions(user, ["view_agentrun", "view_toolcall"])
+    return with_permissions(user, ["view_agentrun", "view_toolcall"])
 
 
 @pytest.fixture
@@ -226,7 +251,6 @@ def requests_seen():
     scripted.request_observers.append(seen.append)
     yield seen
     scripted.request_observers.remove(seen.append)
-
 
 
 @pytest.fixture

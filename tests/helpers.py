@@ -17,8 +17,6 @@ import httpx
 import pytest
 from django.conf import settings as django_settings
 from django.db import connection
-from rest_framework.authtoken.models import Token
-from rest_framework.test import APIClient
 
 from runs.execution import executor
 from runs.services import run as services
@@ -41,8 +39,6 @@ def child_database_url() -> str:
     host = db.get("HOST") or "127.0.0.1"
     port = db.get("PORT") or 5432
     return f"postgres://{auth}@{host}:{port}/{db['NAME']}"
-
-
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -99,14 +95,6 @@ def run_python(code: str, timeout: float = 120, **env: str) -> subprocess.Comple
         text=True,
         timeout=timeout,
     )
-
-
-def api_as(user) -> APIClient:
-    """An API client calling as `user` with their DRF token, as an internal tool does."""
-    client = APIClient()
-    token, _ = Token.objects.get_or_create(user=user)
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
-    return client
 
 
 def run_now(**kwargs):

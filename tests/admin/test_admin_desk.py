@@ -7,25 +7,19 @@ import re
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.test import Client
 from django.urls import reverse
 
 from runs.models.ledger import AgentRun, RunStatus
 from runs.services import run as services
 from tests.factories import ADMIN_HINT, API_HINT, TABLE, make_run, run_in_state
 from tests.helpers import SEND_EMAIL, UPDATE_CRM, run_now, script_params
+from tests.kit import login
 
 # The desk's runs are executed for real first: the agent loop's ORM thread and ADK's engine read the test's commits.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_worker")]
 
 CHANGELIST = "/admin/runs/agentrun/"
 
-
-
-def login(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from django.contrib.auth.models import Permission
 from django.db import connection
 from django.test import Client
 from django.utils import timezone
-from rest_framework.test import APIClient
 
 from runs.ledger.reconcile import RECONCILED
 from runs.models.inbox import EventStatus, WebhookEvent, WebhookSource
@@ -19,17 +18,12 @@ from runs.models.schedules import FiringOutcome, RunSchedule, ScheduleFiring
 from runs.rules import overview, replay
 from tests.factories import make_run, run_in_state
 from tests.helpers import UPDATE_CRM, run_now, script_params
+from tests.kit import api, login
 
 pytestmark = pytest.mark.django_db
 
 DESK = "/admin/desk/"
 RUNS = "/admin/runs/agentrun/"
-
-
-def login(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def tile_count(html: str, element_id: str) -> str:
@@ -288,9 +282,8 @@ def test_a_call_whose_tool_raised_after_starting_its_effect_is_in_doubt_on_the_d
     assert not overview.awaiting_tools_called(AgentRun.objects.all()).exists()
     # The journal row and the API say so too (they once said only `called` calls were in doubt).
     assert call.in_doubt
-    api = APIClient()
-    api.force_authenticate(admin_user)
-    calls = api.get(f"/api/runs/{run.run_id}/").json()["tool_calls"]
+    client = api(admin_user)
+    calls = client.get(f"/api/runs/{run.run_id}/").json()["tool_calls"]
     assert [(c["tool_name"], c["in_doubt"]) for c in calls] == [("update_crm", True)]
 
 

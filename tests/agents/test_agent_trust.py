@@ -7,7 +7,8 @@ import os
 import pytest
 
 from agents import registry
-from tests.helpers import api_as, package_source, run_now
+from tests.helpers import package_source, run_now
+from tests.kit import api_as, login
 
 pytestmark = pytest.mark.django_db
 
@@ -195,8 +196,7 @@ def test_mcp_sources_are_redacted_for_people_who_may_not_configure_agents(secret
     assert body["tool_errors"] and "http://127.0.0.1:9/…" in body["tool_errors"][0]
     assert body["path"].endswith("/secret_mcp") and body["path"].startswith("…/")
 
-    client = __import__("django.test", fromlist=["Client"]).Client()
-    client.force_login(support_agent)
+    client = login(support_agent)
     page = client.get("/admin/agents-loaded/")
     assert page.status_code == 200
     html = page.content.decode()

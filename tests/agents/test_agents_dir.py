@@ -17,7 +17,8 @@ from agents.scripted import ScriptedLlm
 from runs.inputs.sources import source_errors
 from runs.models.inbox import WebhookSource
 from runs.models.ledger import AgentRun, RunStatus, ToolCall, ToolCallStatus
-from tests.helpers import EMAIL_ARGS, SAY_DONE, api_as, package_source, run_now
+from tests.helpers import EMAIL_ARGS, SAY_DONE, package_source, run_now
+from tests.kit import api_as
 
 # Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
 pytestmark = pytest.mark.django_db(transaction=True)

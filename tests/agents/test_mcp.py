@@ -19,7 +19,8 @@ from runs.execution.executor import execute as execute_run
 from runs.ledger import reconcile
 from runs.models.ledger import AgentRun, RunStatus, ToolCall, ToolCallStatus
 from runs.rules import replay
-from tests.helpers import BASE_DIR, MCP_SERVER, api_as, child_env, package_source, run_now
+from tests.helpers import BASE_DIR, MCP_SERVER, child_env, package_source, run_now
+from tests.kit import api_as
 
 # Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]

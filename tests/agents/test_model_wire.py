@@ -18,7 +18,6 @@ import textwrap
 import time
 
 import pytest
-from rest_framework.test import APIClient
 
 from agents.models import CrmNote, OutboxEmail
 from agents.retrying import ANSWERS
@@ -28,6 +27,7 @@ from runs.models.ledger import AgentRun, RunStatus
 from runs.services import run as services
 from tests import fake_gemini as fg
 from tests.helpers import BASE_DIR, child_env, postgres_only, run_now
+from tests.kit import api
 
 # Runs cross from Django's connection to ADK's own engine, which must see committed rows.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -55,8 +55,7 @@ def gemini(settings, monkeypatch):
 
 
 def _detail(run: AgentRun, user) -> dict:
-    client = APIClient()
-    client.force_authenticate(user)
+    client = api(user)
     response = client.get(f"/api/runs/{run.run_id}/")
     assert response.status_code == 200, response.content[:300]
     return response.json()

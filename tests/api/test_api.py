@@ -8,7 +8,6 @@ import uuid
 
 import pytest
 from django.core.management import call_command
-from django.test import Client
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
@@ -24,7 +23,8 @@ from tests.factories import (
     make_run,
     run_in_state,
 )
-from tests.helpers import SAY_DONE, SEND_EMAIL, UPDATE_CRM, api_as, run_now, script_params
+from tests.helpers import SAY_DONE, SEND_EMAIL, UPDATE_CRM, run_now, script_params
+from tests.kit import api_as, login
 
 # No worker runs here: the API's own reads and writes stay in the test's transaction. The tests that
 # execute a run mark themselves `committed` (the agent loop's ORM thread and ADK's engine read commits).
@@ -502,8 +502,7 @@ def test_csrf_is_enforced_for_session_clients(alice):
 
 
 def test_the_schema_and_the_docs_page_are_served(alice):
-    client = Client()
-    client.force_login(alice)
+    client = login(alice)
     schema = client.get("/api/schema/")
     assert schema.status_code == 200
     text = schema.content.decode()

@@ -10,7 +10,7 @@ from drf_spectacular.generators import SchemaGenerator
 from config.lib.serializers import SOME_WORD
 from runs.models.ledger import AgentRun, ToolCall
 from tests.factories import make_run, with_journal
-from tests.helpers import api_as
+from tests.kit import api_as, refused
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_worker")]
 
@@ -24,13 +24,6 @@ def api(django_user_model):
 @pytest.fixture
 def schema():
     return SchemaGenerator().get_schema(request=None, public=True)
-
-
-def refused(response, code: str) -> dict:
-    assert response.status_code == 400, response.content[:500]
-    body = response.json()
-    assert body["code"] == code, body
-    return body
 
 
 # --- Who did it: null when nobody did ---------------------------------------------------------------
@@ -65,7 +58,7 @@ def test_user_fields_answer_null_when_nobody_and_the_schema_says_they_may(api, s
     ],
 )
 def test_an_empty_memory_scope_or_query_is_a_400_naming_it(api, query, code, sentence):
-    body = refused(api.get(f"/api/memory/?{query}"), code)
+    body = refused(api.get(f"/api/memory/?{query}"), 400, code)
 
     assert body["detail"].startswith(sentence)
 
@@ -133,7 +126,7 @@ def test_a_blank_message_or_reason_is_blank_as_json_schema_reads_the_schema_too(
     ],
 )
 def test_an_empty_agent_owner_or_message_is_a_400_naming_it(api, field, body):
-    answer = refused(api.post("/api/runs/", body, format="json"), "invalid")
+    answer = refused(api.post("/api/runs/", body, format="json"), 400, "invalid")
 
     assert list(answer["errors"]) == [field]
     assert not AgentRun.objects.exists()
@@ -161,11 +154,11 @@ def test_the_run_start_body_is_stated_as_it_is_read(settings):
 def test_a_multipart_start_names_the_workflow_as_agent_and_json_cannot_carry_a_file(api):
     upload = SimpleUploadedFile("note.txt", b"hello")
     body = refused(api.post("/api/runs/", {"workflow": "refund_review", "message": "hi", "owner_id": "jane",
-                                           "file": upload}, format="multipart"), "invalid")
+                                           "file": upload}, format="multipart"), 400, "invalid")
     assert "workflow" in body["errors"]
 
     body = refused(api.post("/api/runs/", {"agent": "support", "message": "hi", "owner_id": "jane", "file": "x"},
-                            format="json"), "invalid")
+                            format="json"), 400, "invalid")
     assert list(body["errors"]) == ["file"]
 
 
@@ -174,7 +167,7 @@ def test_a_multipart_start_names_the_workflow_as_agent_and_json_cannot_carry_a_f
 
 @pytest.mark.parametrize("page_size", ["null", "0", "201", "1.5", "-3", "٣"])
 def test_a_page_size_the_api_cannot_honour_is_a_400_naming_it(api, page_size):
-    body = refused(api.get("/api/runs/", {"page_size": page_size}), "invalid")
+    body = refused(api.get("/api/runs/", {"page_size": page_size}), 400, "invalid")
 
     assert list(body["errors"]) == ["page_size"]
 

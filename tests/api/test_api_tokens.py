@@ -10,6 +10,8 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from tests.kit import login
+
 pytestmark = pytest.mark.django_db
 
 
@@ -61,8 +63,7 @@ def test_tokens_expire_after_90_days_by_default():
 
 def test_the_admin_lists_only_a_prefix_of_each_key(admin_user, alice):
     token = Token.objects.create(user=alice)
-    client = Client()
-    client.force_login(admin_user)
+    client = login(admin_user)
     page = client.get("/admin/runs/apitoken/").content.decode()
     assert token.key[:6] in page
     assert token.key not in page
@@ -74,8 +75,7 @@ def test_the_admin_lists_only_a_prefix_of_each_key(admin_user, alice):
 
 
 def test_a_new_key_is_shown_once_when_it_is_made(admin_user, bob):
-    client = Client()
-    client.force_login(admin_user)
+    client = login(admin_user)
     response = client.post("/admin/runs/apitoken/add/", {"user": bob.pk}, follow=True)
     key = Token.objects.get(user=bob).key
     assert key in response.content.decode()

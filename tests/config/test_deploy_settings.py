@@ -21,7 +21,6 @@ from rest_framework.test import APIClient
 
 from runs.inbox import receipt as inbox_receipt
 from runs.inbox import signing
-from runs.ledger import lifecycle
 from runs.models.inbox import EventStatus, WebhookEvent, WebhookSource
 from runs.models.ledger import AgentRun, RunStatus
 from runs.services import run as services
@@ -29,6 +28,7 @@ from runs.upkeep import stored_data as data_retention
 from runs.upkeep.periodic_jobs import JOBS
 from tests.factories import make_run
 from tests.helpers import BASE_DIR, SAY_DONE, child_env, read_settings
+from tests.kit import api, login
 
 # Child processes and runs executed on the agent loop read the test database through their own connections.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -159,7 +159,7 @@ def test_the_debug_page_never_shows_the_database_password(settings):
         assert secret not in page, secret
 
 
-def test_an_internal_error_under_debug_is_summarised_to_api_clients(alice, settings, monkeypatch):
+def test_an_internal_error_under_debug_is_summarised_to_api_clients(no_worker, alice, settings, monkeypatch):
     from runs.ledger import timeline
 
     def broken(run):
@@ -167,7 +167,6 @@ def test_an_internal_error_under_debug_is_summarised_to_api_clients(alice, setti
 
     settings.DEBUG = True
     monkeypatch.setattr(timeline, "run_events", broken)
-    monkeypatch.setattr(lifecycle, "announce_run", lambda run_id: None)
     run = make_run(created_by=alice, tools=[])
     client = APIClient(raise_request_exception=False)
     client.force_authenticate(alice)
@@ -185,8 +184,7 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-def test_run_input_copies_are_not_world_readable(monkeypatch):
-    monkeypatch.setattr(lifecycle, "announce_run", lambda run_id: None)
+def test_run_input_copies_are_not_world_readable(no_worker):
     old_umask = os.umask(0o002)  # a permissive umask must not make them readable either
     try:
         run = services.start_run(agent_name="support", message="hi", owner_id="jane", file=BytesIO(b"secret"),
@@ -199,9 +197,8 @@ def test_run_input_copies_are_not_world_readable(monkeypatch):
     assert _mode(stored.parent.parent) == 0o700  # RUN_INPUTS_DIR itself, created on the way
 
 
-def test_webhook_attachment_copies_are_not_world_readable(settings, tmp_path, monkeypatch):
+def test_webhook_attachment_copies_are_not_world_readable(no_inbox_worker, settings, tmp_path):
     settings.WEBHOOK_ATTACHMENTS_DIR = tmp_path / "attachments"
-    monkeypatch.setattr(inbox_receipt, "announce_event", lambda event_id: None)
     source = WebhookSource.objects.create(slug="in", name="In", agent_name="support", owner_id="jane",
                                           secret="s" * 20, message_id_header="X-Message-Id",
                                           expects_attachments=True)
@@ -264,8 +261,7 @@ def test_the_schema_and_docs_need_a_signed_in_user_unless_public(alice, settings
     anonymous = Client()
     assert anonymous.get("/api/schema/").status_code == 401
     assert anonymous.get("/api/docs/").status_code == 401
-    signed_in = Client()
-    signed_in.force_login(alice)
+    signed_in = login(alice)
     assert signed_in.get("/api/schema/").status_code == 200
     settings.API_SCHEMA_PUBLIC = True
     assert anonymous.get("/api/schema/").status_code == 200
@@ -282,10 +278,8 @@ def test_the_retention_job_is_a_daily_periodic_job():
 
 
 @pytest.fixture
-def inbox(settings, tmp_path, monkeypatch):
+def inbox(no_inbox_worker, no_worker, settings, tmp_path):
     settings.WEBHOOK_ATTACHMENTS_DIR = tmp_path / "attachments"
-    monkeypatch.setattr(inbox_receipt, "announce_event", lambda event_id: None)
-    monkeypatch.setattr(lifecycle, "announce_run", lambda run_id: None)
     return WebhookSource.objects.create(slug="in", name="In", agent_name="support", owner_id="jane",
                                         secret="s" * 20, message_id_header="X-Message-Id",
                                         expects_attachments=True, params={"script": [SAY_DONE]})
@@ -340,8 +334,7 @@ def test_old_closed_webhook_events_go_with_their_attachments_and_nothing_unsettl
     assert (again.events_deleted, again.attachment_folders_deleted, again.run_inputs_deleted) == (0, 0, 0)
 
 
-def test_old_run_input_copies_go_only_when_every_run_using_them_has_settled(settings, monkeypatch, alice):
-    monkeypatch.setattr(lifecycle, "announce_run", lambda run_id: None)
+def test_old_run_input_copies_go_only_when_every_run_using_them_has_settled(no_worker, settings, alice):
     settings.RUN_INPUTS_RETENTION_DAYS = 90
     long_ago = timezone.now() - timedelta(days=120)
     old = make_run(created_by=alice, tools=[], file=b"old input")
@@ -360,6 +353,5 @@ def test_old_run_input_copies_go_only_when_every_run_using_them_has_settled(sett
     # The run row stays; a replay now says the input is gone instead of replaying without it.
     old.refresh_from_db()
     assert old.input_file_name
-    client = APIClient()
-    client.force_authenticate(alice)
+    client = api(alice)
     assert client.post(f"/api/runs/{old.run_id}/replay/", {}, format="json").json()["code"] == "input_gone"

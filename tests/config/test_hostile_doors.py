@@ -21,9 +21,9 @@ from runs.models.ledger import AgentRun, RunStatus
 from runs.models.schedules import RunSchedule
 from runs.models.tokens import ApiToken
 from runs.services import run as services
-from tests.config.test_hostile_urls import api, refused
 from tests.factories import make_run
-from tests.rules.test_owner_rule import login, schedule_form, scheduler, source_form  # noqa: F401 - fixture
+from tests.kit import api, login, refused
+from tests.rules.test_owner_rule import schedule_form, scheduler, source_form  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.django_db
 
@@ -51,8 +51,7 @@ def waiting_on(call_id: str, *, kind: str = WaitKind.CONFIRMATION) -> tuple[Agen
 
 def test_a_waiting_call_whose_id_holds_a_slash_is_decided_from_the_run_page(lead):
     run, pending = waiting_on("tools/refund/1")
-    client = Client()
-    client.force_login(lead)
+    client = login(lead)
     page = client.get(f"{RUNS}{run.pk}/change/")
     assert page.status_code == 200
     action = f"{RUNS}{run.pk}/calls/tools_2Frefund_2F1/answer/"
@@ -165,8 +164,7 @@ def test_an_unknown_host_on_the_api_is_json_under_debug_too(settings):
 
 
 def test_the_admin_sends_a_content_security_policy(admin_user, settings):
-    client = Client()
-    client.force_login(admin_user)
+    client = login(admin_user)
     page = client.get("/admin/runs/agentrun/")
     assert page.status_code == 200
     assert "script-src 'self'" in page["Content-Security-Policy"]
@@ -210,13 +208,11 @@ def test_one_password_sprayed_over_many_usernames_locks_the_address_out(django_u
 def test_resume_is_offered_only_to_whom_may_resume_a_run_that_ended(bob, run_viewer, support_agent):
     waiting = make_run(status=RunStatus.WAITING, created_by=bob)
     failed = make_run(status=RunStatus.ERROR, created_by=bob)
-    viewer = Client()
-    viewer.force_login(run_viewer)
+    viewer = login(run_viewer)
     for run in (failed, waiting):
         page = viewer.get(f"{RUNS}{run.pk}/change/")
         assert page.status_code == 200 and "resume-button" not in page.content.decode()
-    owner = Client()
-    owner.force_login(support_agent)
+    owner = login(support_agent)
     assert "resume-button" in owner.get(f"{RUNS}{failed.pk}/change/").content.decode()
     assert "resume-button" not in owner.get(f"{RUNS}{waiting.pk}/change/").content.decode()
 

@@ -19,13 +19,13 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from config.lib import safe_json
-from runs.inbox import receipt as inbox_receipt
 from runs.inbox import signing
 from runs.models.inbox import WebhookEvent, WebhookSource
 from runs.models.ledger import AgentRun
 from runs.services import run as services
 from tests.factories import make_run
-from tests.helpers import SAY_DONE, SEND_EMAIL, api_as
+from tests.helpers import SAY_DONE, SEND_EMAIL
+from tests.kit import api_as, refused
 
 # Everything here is refused or answered in the request: nothing crosses to another connection.
 pytestmark = pytest.mark.django_db
@@ -37,8 +37,7 @@ DEEP = "[" * 50_000 + "]" * 50_000
 
 
 @pytest.fixture(autouse=True)
-def _no_worker(no_worker, monkeypatch, settings, tmp_path):
-    monkeypatch.setattr(inbox_receipt, "announce_event", lambda event_id: None)
+def _no_worker(no_inbox_worker, no_worker, settings, tmp_path):
     settings.WEBHOOK_ATTACHMENTS_DIR = tmp_path / "webhook-attachments"
 
 
@@ -58,16 +57,6 @@ def source() -> WebhookSource:
         slug="inbound-email", name="Inbound email", agent_name="support", owner_id="jane", secret=SECRET,
         message_id_header="X-Message-Id", expects_attachments=True, params={"script": [SAY_DONE]},
     )
-
-
-def refused(response, status: int = 400, code: str | None = None) -> dict:
-    assert response.status_code == status, response.content[:400]
-    assert response["Content-Type"].startswith("application/json")
-    body = response.json()
-    assert set(body) >= {"code", "detail"}
-    if code is not None:
-        assert body["code"] == code, body
-    return body
 
 
 def post_run(api: APIClient, raw: bytes):
@@ -114,7 +103,7 @@ HOSTILE_PARAMS = {
 
 @pytest.mark.parametrize("case", HOSTILE_PARAMS)
 def test_hostile_params_to_start_a_run_are_a_400(api, case):
-    body = refused(post_run(api, _params(HOSTILE_PARAMS[case])))
+    body = refused(post_run(api, _params(HOSTILE_PARAMS[case])), 400)
     assert body["detail"]
     nothing_written()
 
@@ -124,7 +113,7 @@ def test_hostile_params_to_start_a_run_are_a_400(api, case):
 )
 def test_a_hostile_message_is_a_400(api, message):
     raw = b'{"agent": "support", "owner_id": "jane", "message": ' + message.encode() + b"}"
-    refused(post_run(api, raw))
+    refused(post_run(api, raw), 400)
     nothing_written()
 
 
@@ -132,7 +121,7 @@ def test_a_lone_surrogate_never_reaches_the_ledger_so_the_list_keeps_answering(a
     make_run(created_by=alice, tools=[])
     # DRF's CharField already refuses a surrogate in `message`; in params it used to be stored, and
     # from then on rendering the list failed for everyone.
-    refused(post_run(api, _params('{"note": "\\udc00 refund?"}')))
+    refused(post_run(api, _params('{"note": "\\udc00 refund?"}')), 400)
     listing = api.get("/api/runs/")
     assert listing.status_code == 200
     assert len(listing.json()["results"]) == 1
@@ -140,7 +129,7 @@ def test_a_lone_surrogate_never_reaches_the_ledger_so_the_list_keeps_answering(a
 
 def test_a_deeply_nested_replay_body_is_a_400(api, alice):
     run = make_run(created_by=alice, tools=[])
-    refused(api.generic("POST", f"/api/runs/{run.run_id}/replay/", DEEP.encode(), content_type="application/json"))
+    refused(api.generic("POST", f"/api/runs/{run.run_id}/replay/", DEEP.encode(), content_type="application/json"), 400)
     assert AgentRun.objects.count() == 1
 
 
@@ -151,7 +140,7 @@ def test_a_deeply_nested_replay_body_is_a_400(api, alice):
 def test_hostile_params_in_a_multipart_form_are_a_400(api, case):
     form = {"agent": "support", "message": "hi", "owner_id": "jane", "params": HOSTILE_PARAMS[case],
             "file": SimpleUploadedFile("a.txt", b"hello")}
-    body = refused(api.post("/api/runs/", form, format="multipart"), code="invalid")
+    body = refused(api.post("/api/runs/", form, format="multipart"), 400, code="invalid")
     assert "params" in body["errors"]
     nothing_written()
 
@@ -222,7 +211,7 @@ def test_an_input_file_name_with_invisible_formatting_is_refused(api, name):
      "/api/memory/?agent=support&owner_id=a%00b&q=refund"],
 )
 def test_a_nul_in_the_query_string_is_a_400(api, url):
-    refused(api.get(url), code="invalid_query")
+    refused(api.get(url), 400, code="invalid_query")
 
 
 def test_a_nul_in_an_admin_search_is_a_400(admin_client):
@@ -251,7 +240,7 @@ def test_a_nul_in_an_admin_search_is_a_400(admin_client):
     ids=["nested params", "NaN", "1e309", "lone surrogate", "NUL", "NUL in tool args", "nested body"],
 )
 def test_a_hostile_chat_turn_is_a_400_before_any_stream(token, raw):
-    body = refused(post_chat(token, raw), code="invalid")
+    body = refused(post_chat(token, raw), 400, code="invalid")
     assert body["detail"]
     nothing_written()
 
@@ -273,7 +262,7 @@ def test_a_hostile_chat_turn_is_a_400_before_any_stream(token, raw):
     ids=["nested", "5000-digit integer", "NaN", "1e309", "NUL", "NUL in a key", "lone surrogate"],
 )
 def test_a_hostile_webhook_payload_is_a_400_and_nothing_is_stored(source, settings, raw):
-    body = refused(deliver(raw), code="malformed_event")
+    body = refused(deliver(raw), 400, code="malformed_event")
     assert body["detail"]
     nothing_written()
     assert not Path(settings.WEBHOOK_ATTACHMENTS_DIR).exists() or not any(
@@ -287,7 +276,7 @@ def _attachment(name: str) -> dict:
 
 @pytest.mark.parametrize("name", ["invoice\u202efdp.exe", "\u202ereadme.txt", "a\u200fb.txt"])
 def test_an_attachment_name_with_bidi_controls_is_a_400(source, name):
-    body = refused(deliver(json.dumps({"text": "hi", "attachments": [_attachment(name)]}).encode()),
+    body = refused(deliver(json.dumps({"text": "hi", "attachments": [_attachment(name)]}).encode()), 400,
                    code="bad_attachments")
     assert "formatting" in body["detail"]
     nothing_written()

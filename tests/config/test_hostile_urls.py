@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import Permission
 from django.test import Client
-from rest_framework.test import APIClient
 
 from runs.models.ledger import AgentRun, RunStatus, ToolCall, ToolCallStatus
 from tests.factories import make_run
+from tests.kit import api, login, refused
 
 pytestmark = pytest.mark.django_db
 
@@ -26,22 +26,6 @@ def settler(django_user_model):
     user.user_permissions.add(*Permission.objects.filter(codename__in=["view_agentrun", "view_toolcall",
                                                                         "settle_toolcall"]))
     return user
-
-
-def api(user) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(user)
-    return client
-
-
-def refused(response, status: int, code: str | None = None) -> dict:
-    assert response.status_code == status, response.content[:400]
-    assert response["Content-Type"].startswith("application/json")
-    body = response.json()
-    assert set(body) >= {"code", "detail"}
-    if code is not None:
-        assert body["code"] == code, body
-    return body
 
 
 def in_doubt(call_id: str) -> tuple[AgentRun, ToolCall]:
@@ -72,8 +56,7 @@ def test_a_nul_in_api_path_segments_is_a_400(settler):
 
 def test_a_nul_in_the_admins_settle_url_is_a_400(settler):
     run, call = in_doubt("call-1")
-    client = Client()
-    client.force_login(settler)
+    client = login(settler)
     refused(client.post(f"{RUNS}{run.pk}/calls/a%00b/settle/", {"outcome": "done", "note": "Seen."}), 400,
             "invalid_path")
     call.refresh_from_db()
@@ -95,8 +78,7 @@ def test_a_page_size_of_thousands_of_digits_is_a_400_that_does_not_echo_it(alice
 
 def test_a_call_id_with_a_slash_can_be_settled_from_the_run_page(settler):
     run, call = in_doubt("tools/send_email/1")
-    client = Client()
-    client.force_login(settler)
+    client = login(settler)
     page = client.get(f"{RUNS}{run.pk}/change/")
     assert page.status_code == 200
     action = f"{RUNS}{run.pk}/calls/tools_2Fsend_5Femail_2F1/settle/"
@@ -160,12 +142,10 @@ def test_an_unknown_host_is_a_json_400_for_the_api():
     assert page.status_code == 400  # the admin keeps Django's page
 
 
-def test_an_upload_just_over_the_limit_is_a_413(alice, settings, monkeypatch, tmp_path):
+def test_an_upload_just_over_the_limit_is_a_413(no_worker, alice, settings, tmp_path):
     from django.core.files.uploadedfile import SimpleUploadedFile
 
-    from runs.ledger import lifecycle
 
-    monkeypatch.setattr(lifecycle, "announce_run", lambda run_id: None)
     settings.MAX_UPLOAD_BYTES = 1000
     upload = SimpleUploadedFile("invoice.txt", b"x" * 1100, content_type="text/plain")
     response = api(alice).post("/api/runs/", {"agent": "support", "owner_id": "jane", "message": "Read it.",

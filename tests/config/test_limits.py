@@ -28,6 +28,7 @@ from runs.models.ledger import AgentRun, RunStatus, Trigger
 from runs.services import run as services
 from tests.factories import make_run
 from tests.helpers import BASE_DIR, SAY_DONE, SEND_EMAIL, child_env, run_python, script_params, wait_until_serving
+from tests.kit import api
 
 # Live servers in child processes and runs on the agent loop read what the test committed.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -326,8 +327,7 @@ def test_starting_runs_is_throttled_per_user_with_retry_after(as_alice, bob, set
     assert 0 < int(third["Retry-After"]) <= 60
     assert AgentRun.objects.count() == 2
     # Per user: another user is not held back, and reading is never throttled.
-    as_bob = APIClient()
-    as_bob.force_authenticate(bob)
+    as_bob = api(bob)
     assert as_bob.post("/api/runs/", {**RUN, "owner_id": "bob"}, format="json").status_code == 202
     assert as_alice.get("/api/runs/").status_code == 200
 

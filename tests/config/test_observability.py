@@ -8,7 +8,6 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from django.test import Client
 from opentelemetry import trace
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -21,6 +20,7 @@ from config.lib.observability import (
     configure_tracing,
 )
 from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, run_now, run_python, script_params
+from tests.kit import login
 
 # Runs on the agent loop and child processes read what the test committed.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -48,8 +48,7 @@ def test_every_span_of_a_run_carries_its_run_id_and_the_run_keeps_its_trace_id(e
     assert {span.context.trace_id for span in spans} == {root.context.trace_id}
     assert run.trace_id == format(root.context.trace_id, "032x")
 
-    client = Client()
-    client.force_login(admin_user)
+    client = login(admin_user)
     page = client.get(f"/admin/runs/agentrun/{run.run_id}/change/").content.decode()
     assert run.trace_id in page
 

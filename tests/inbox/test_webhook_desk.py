@@ -6,18 +6,18 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
 from agents.models import OutboxEmail
 from runs.execution import executor
-from runs.inbox import desk, processing, receipt
+from runs.inbox import desk, processing
 from runs.models.inbox import EventStatus, WebhookEvent, WebhookSource
 from runs.models.ledger import AgentRun, RunStatus
 from runs.services import run as services
 from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL
 from tests.inbox.test_webhooks import FAIL, SECRET, attachment, deliver, make_source
+from tests.kit import login
 
 # Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -26,16 +26,9 @@ CHANGELIST = "/admin/runs/webhookevent/"
 
 
 @pytest.fixture(autouse=True)
-def _inbox(settings, tmp_path, monkeypatch):
+def _inbox(no_inbox_worker, settings, tmp_path):
     settings.WEBHOOK_ATTACHMENTS_DIR = tmp_path / "webhook-attachments"
     settings.WEBHOOK_MAX_ATTEMPTS = 1
-    monkeypatch.setattr(receipt, "announce_event", lambda event_id: None)
-
-
-def login(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def texts(response) -> list[tuple[str, str]]:

@@ -17,13 +17,14 @@ from django.db import IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 
-from runs.inbox import processing, receipt, signing
+from runs.inbox import processing, signing
 from runs.inbox.refusals import NotAccepted
 from runs.inputs.sources import SignatureScheme
 from runs.models.inbox import EventStatus, WebhookEvent, WebhookSource
 from runs.models.ledger import AgentRun
 from tests.helpers import LOOKUP, SAY_DONE, read_settings
 from tests.inbox.test_webhook_desk import source_form
+from tests.kit import refused
 
 pytestmark = pytest.mark.django_db
 
@@ -41,13 +42,6 @@ BODY_URL = "/api/webhooks/body-only/"
 def _inbox(settings, tmp_path, monkeypatch):
     settings.WEBHOOK_ATTACHMENTS_DIR = tmp_path / "webhook-attachments"
     settings.WEBHOOK_SIGNATURE_TOLERANCE_SECONDS = 300
-
-
-@pytest.fixture
-def enqueued(monkeypatch):
-    calls: list[str] = []
-    monkeypatch.setattr(receipt, "announce_event", lambda event_id: calls.append(str(event_id)))
-    return calls
 
 
 def make_source(slug: str, **fields) -> WebhookSource:
@@ -83,16 +77,6 @@ def event_body(message_id: str = "msg-1", text: str = "Where is my refund?") -> 
     return json.dumps({"message": {"id": message_id}, "from": "jane@example.com", "text": text}).encode()
 
 
-def refused(response, code: str, *fragments: str) -> dict:
-    """A refusal said to a caller who signed the delivery (its clock, for now)."""
-    assert response.status_code == 401, response.content
-    answer = response.json()
-    assert answer["code"] == code, answer
-    for fragment in fragments:
-        assert fragment in answer["detail"], answer["detail"]
-    return answer
-
-
 @pytest.fixture
 def log(caplog):
     caplog.set_level(logging.WARNING, logger="runs.inbox.receipt")
@@ -121,7 +105,7 @@ def nothing_stored() -> None:
 
 
 @processed_by_a_run
-def test_a_timestamped_delivery_resent_under_a_new_header_id_is_refused_and_starts_nothing(by_header, enqueued, log):
+def test_a_timestamped_delivery_resent_under_a_new_header_id_is_refused_and_starts_nothing(by_header, announced_events, log):
     body = event_body()
     signature = signing.sign_timestamped(SECRET, body, message_id="msg-1")
     first = post(HEADER_URL, body, signature, **{"X-Message-Id": "msg-1"})
@@ -135,7 +119,7 @@ def test_a_timestamped_delivery_resent_under_a_new_header_id_is_refused_and_star
     assert process_all() == 0
     assert WebhookEvent.objects.count() == 1
     assert AgentRun.objects.count() == 1
-    assert len(enqueued) == 1
+    assert len(announced_events) == 1
 
     # The same signed delivery re-sent as it was is the provider retrying: the first event, no new run.
     again = post(HEADER_URL, body, signature, **{"X-Message-Id": "msg-1"})
@@ -146,7 +130,7 @@ def test_a_timestamped_delivery_resent_under_a_new_header_id_is_refused_and_star
 
 
 @processed_by_a_run
-def test_a_timestamped_delivery_whose_body_field_id_is_changed_is_refused(by_field, enqueued, log):
+def test_a_timestamped_delivery_whose_body_field_id_is_changed_is_refused(by_field, announced_events, log):
     body = event_body("msg-1")
     signature = signing.sign_timestamped(SECRET, body, message_id="msg-1")
     assert post(FIELD_URL, body, signature).status_code == 202
@@ -161,7 +145,7 @@ def test_a_timestamped_delivery_whose_body_field_id_is_changed_is_refused(by_fie
 
 
 @processed_by_a_run
-def test_a_body_signed_delivery_cannot_be_resent_under_a_new_id(body_only, enqueued, log):
+def test_a_body_signed_delivery_cannot_be_resent_under_a_new_id(body_only, announced_events, log):
     body = event_body("msg-1")
     signature = signing.sign_body(SECRET, body)
     first = post(BODY_URL, body, signature, **{"X-Message-Id": "msg-1"})
@@ -177,14 +161,14 @@ def test_a_body_signed_delivery_cannot_be_resent_under_a_new_id(body_only, enque
     assert again.json()["event_id"] == first.json()["event_id"] and again.json()["duplicate"] is True
     assert process_all() == 0
     assert (WebhookEvent.objects.count(), AgentRun.objects.count()) == (1, 1)
-    assert len(enqueued) == 1
+    assert len(announced_events) == 1
 
 
 # --- The timestamped scheme -------------------------------------------------------------------------
 
 
 @processed_by_a_run
-def test_a_timestamped_delivery_is_accepted_and_processed_by_a_run(by_header, enqueued):
+def test_a_timestamped_delivery_is_accepted_and_processed_by_a_run(by_header, announced_events):
     body = event_body()
     response = post(HEADER_URL, body, signing.sign_timestamped(SECRET, body, message_id="m-7"),
                     **{"X-Message-Id": "m-7"})
@@ -196,7 +180,7 @@ def test_a_timestamped_delivery_is_accepted_and_processed_by_a_run(by_header, en
     assert event.runs.get().status == "success"
 
 
-def test_a_body_field_id_is_signed_as_the_inbox_reads_it(by_field, enqueued):
+def test_a_body_field_id_is_signed_as_the_inbox_reads_it(by_field, announced_events):
     # A numeric id is signed in its decimal form.
     body = json.dumps({"message": {"id": 981}, "text": "hi"}).encode()
     response = post(FIELD_URL, body, signing.sign_timestamped(SECRET, body, message_id="981"))
@@ -215,7 +199,7 @@ def test_a_body_field_id_is_signed_as_the_inbox_reads_it(by_field, enqueued):
         (310, False, "ahead of this server's clock"),
     ],
 )
-def test_the_timestamp_must_be_within_the_window_both_ways(by_header, enqueued, offset, accepted, direction):
+def test_the_timestamp_must_be_within_the_window_both_ways(by_header, announced_events, offset, accepted, direction):
     body = event_body()
     timestamp = int(time.time()) + offset
     signature = signing.sign_timestamped(SECRET, body, message_id="m-1", timestamp=timestamp)
@@ -224,25 +208,25 @@ def test_the_timestamp_must_be_within_the_window_both_ways(by_header, enqueued, 
         assert response.status_code == 202, response.content
         assert process_all() == 1
         return
-    answer = refused(response, "signature_expired", f"t={timestamp}", "within 300 seconds",
+    answer = refused(response, 401, "signature_expired", f"t={timestamp}", "within 300 seconds",
                      "WEBHOOK_SIGNATURE_TOLERANCE_SECONDS", "clock")
     skew = re.search(r"is (\d+) seconds (.+?);", answer["detail"])
     assert skew is not None and skew.group(2) == direction, answer["detail"]
     assert abs(int(skew.group(1)) - abs(offset)) <= 1  # the second that may pass between signing and checking
     assert (answer["timestamp"], answer["tolerance_seconds"]) == (timestamp, 300)
     nothing_stored()
-    assert enqueued == []
+    assert announced_events == []
 
 
-def test_the_window_is_the_setting(by_header, enqueued, settings):
+def test_the_window_is_the_setting(by_header, announced_events, settings):
     settings.WEBHOOK_SIGNATURE_TOLERANCE_SECONDS = 10
     body = event_body()
     signature = signing.sign_timestamped(SECRET, body, message_id="m-1", timestamp=int(time.time()) - 60)
-    refused(post(HEADER_URL, body, signature, **{"X-Message-Id": "m-1"}), "signature_expired", "within 10 seconds")
+    refused(post(HEADER_URL, body, signature, **{"X-Message-Id": "m-1"}), 401, "signature_expired", "within 10 seconds")
     nothing_stored()
 
 
-def test_an_old_timestamp_with_a_wrong_digest_is_not_accepted_and_says_nothing_of_the_clock(by_header, enqueued, log):
+def test_an_old_timestamp_with_a_wrong_digest_is_not_accepted_and_says_nothing_of_the_clock(by_header, announced_events, log):
     body = event_body()
     old = int(time.time()) - 3600
     forged = signing.sign_timestamped("not-the-secret-at-all-0000", body, message_id="m-1", timestamp=old)
@@ -267,7 +251,7 @@ def test_an_old_timestamp_with_a_wrong_digest_is_not_accepted_and_says_nothing_o
         ("other timestamp", "no digest matches"),
     ],
 )
-def test_a_bad_timestamped_signature_is_not_accepted_and_stores_nothing(by_header, enqueued, log, case, fragment):
+def test_a_bad_timestamped_signature_is_not_accepted_and_stores_nothing(by_header, announced_events, log, case, fragment):
     body = event_body()
     now = int(time.time())
     good = signing.sign_timestamped(SECRET, body, message_id="m-1", timestamp=now)
@@ -290,10 +274,10 @@ def test_a_bad_timestamped_signature_is_not_accepted_and_stores_nothing(by_heade
     not_accepted(response, log, fragment)
     assert SECRET not in log.text
     nothing_stored()
-    assert enqueued == []
+    assert announced_events == []
 
 
-def test_a_missing_signature_is_not_accepted(by_header, body_only, enqueued, log):
+def test_a_missing_signature_is_not_accepted(by_header, body_only, announced_events, log):
     body = event_body()
     not_accepted(post(HEADER_URL, body, None, **{"X-Message-Id": "m-1"}), log, "no X-Signature header")
     not_accepted(post(BODY_URL, body, "   "), log, "no X-Signature header")
@@ -301,7 +285,7 @@ def test_a_missing_signature_is_not_accepted(by_header, body_only, enqueued, log
 
 
 @processed_by_a_run
-def test_several_digests_are_accepted_when_one_is_right(by_header, enqueued, log):
+def test_several_digests_are_accepted_when_one_is_right(by_header, announced_events, log):
     body = event_body()
     rotating = signing.sign_timestamped([OLD_SECRET, SECRET], body, message_id="m-1")
     assert rotating.count("v1=") == 2
@@ -314,7 +298,7 @@ def test_several_digests_are_accepted_when_one_is_right(by_header, enqueued, log
 
 
 @processed_by_a_run
-def test_uppercase_hex_and_surrounding_whitespace_are_accepted(by_header, body_only, enqueued):
+def test_uppercase_hex_and_surrounding_whitespace_are_accepted(by_header, body_only, announced_events):
     body = event_body("m-1")
     t, v1 = signing.sign_timestamped(SECRET, body, message_id="m-1").split(",")
     spaced = f"  {t} ,  v1={v1.removeprefix('v1=').upper()}  , "
@@ -338,7 +322,7 @@ def test_uppercase_hex_and_surrounding_whitespace_are_accepted(by_header, body_o
         ("wrong secret", "no digest matches"),
     ],
 )
-def test_a_bad_body_signature_is_not_accepted_and_stores_nothing(body_only, enqueued, log, case, fragment):
+def test_a_bad_body_signature_is_not_accepted_and_stores_nothing(body_only, announced_events, log, case, fragment):
     body = event_body()
     good = signing.sign_body(SECRET, body)
     signature = {
@@ -443,7 +427,7 @@ def test_a_bad_tolerance_stops_start_up_naming_the_variable(value, words):
 # --- One answer for every unauthenticated delivery --------------------------------------------------
 
 
-def test_an_unknown_source_and_a_badly_signed_delivery_hear_the_same_bytes(by_header, by_field, body_only, enqueued, log):
+def test_an_unknown_source_and_a_badly_signed_delivery_hear_the_same_bytes(by_header, by_field, body_only, announced_events, log):
     WebhookSource.objects.create(slug="switched-off", name="Off", agent_name="support", owner_id="jane", secret=SECRET,
                                  message_id_header="X-Message-Id", enabled=False)
     body = event_body()
@@ -474,7 +458,7 @@ def test_an_unknown_source_and_a_badly_signed_delivery_hear_the_same_bytes(by_he
     nothing_stored()
 
 
-def test_an_unknown_source_is_checked_against_a_stand_in_secret(by_header, enqueued, monkeypatch):
+def test_an_unknown_source_is_checked_against_a_stand_in_secret(by_header, announced_events, monkeypatch):
     checked = []
     real = signing.verify_signature
 

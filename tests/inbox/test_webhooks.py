@@ -43,14 +43,6 @@ def _inbox_settings(settings, tmp_path):
     settings.WEBHOOK_MAX_ATTEMPTS = 8
 
 
-@pytest.fixture
-def enqueued(monkeypatch):
-    """Events the inbox announces to the workers, recorded (no worker runs here: tests process them directly)."""
-    calls: list[str] = []
-    monkeypatch.setattr(receipt, "announce_event", lambda event_id: calls.append(str(event_id)))
-    return calls
-
-
 def make_source(script=(LOOKUP, SAY_DONE), **fields) -> WebhookSource:
     defaults = dict(
         slug="inbound-email",
@@ -97,7 +89,7 @@ def stored_dirs(settings) -> list[Path]:
 # --- Receipt ---------------------------------------------------------------------------------------
 
 
-def test_a_signed_event_is_stored_with_its_attachment_copied_before_the_answer(source, enqueued, settings):
+def test_a_signed_event_is_stored_with_its_attachment_copied_before_the_answer(source, announced_events, settings):
     response = deliver({"from": "jane@example.com", "text": "Refund?", "attachments": [attachment()]},
                        **{"User-Agent": "provider/1.0"})
 
@@ -116,10 +108,10 @@ def test_a_signed_event_is_stored_with_its_attachment_copied_before_the_answer(s
     assert event.headers["User-Agent"] == "provider/1.0"
     assert event.headers["X-Message-Id"] == "msg-1"
     assert "X-Signature" not in event.headers
-    assert enqueued == [str(event.event_id)]
+    assert announced_events == [str(event.event_id)]
 
 
-def test_the_message_id_can_come_from_a_json_field(enqueued):
+def test_the_message_id_can_come_from_a_json_field(announced_events):
     make_source(slug="forms", message_id_header="", message_id_field="submission.id", expects_attachments=False)
     url = "/api/webhooks/forms/"
     first = deliver({"submission": {"id": 981, "name": "Jane"}}, url=url, message_id="ignored", signed_id="981")
@@ -130,7 +122,7 @@ def test_the_message_id_can_come_from_a_json_field(enqueued):
     assert sorted(WebhookEvent.objects.values_list("external_id", flat=True)) == ["981", "982"]
 
 
-def test_the_same_message_id_again_answers_200_with_the_first_event_and_stores_nothing(source, enqueued, settings):
+def test_the_same_message_id_again_answers_200_with_the_first_event_and_stores_nothing(source, announced_events, settings):
     first = deliver({"text": "one", "attachments": [attachment()]})
     second = deliver({"text": "one, redelivered", "attachments": [attachment(data=b"other bytes")]})
 
@@ -140,7 +132,7 @@ def test_the_same_message_id_again_answers_200_with_the_first_event_and_stores_n
     assert WebhookEvent.objects.count() == 1
     assert WebhookEvent.objects.get().payload["text"] == "one"
     assert len(stored_dirs(settings)) == 1
-    assert len(enqueued) == 1
+    assert len(announced_events) == 1
 
 
 def _nothing_stored(settings) -> None:
@@ -171,7 +163,7 @@ def _nothing_stored(settings) -> None:
     ],
 )
 def test_bad_deliveries_are_refused_with_a_message_and_nothing_is_stored(
-    source, enqueued, settings, caplog, case, status, code, fragment
+    source, announced_events, settings, caplog, case, status, code, fragment
 ):
     caplog.set_level(logging.DEBUG)
     ok = json.dumps({"text": "hi"}).encode()
@@ -216,13 +208,13 @@ def test_bad_deliveries_are_refused_with_a_message_and_nothing_is_stored(
     assert response.json()["code"] == code
     assert fragment in response.json()["detail"]
     _nothing_stored(settings)
-    assert enqueued == []
+    assert announced_events == []
     # The secret is never said back, nor logged.
     assert SECRET not in response.content.decode()
     assert SECRET not in caplog.text
 
 
-def test_a_source_without_attachments_refuses_them(enqueued, settings):
+def test_a_source_without_attachments_refuses_them(announced_events, settings):
     make_source(expects_attachments=False)
     response = deliver({"attachments": [attachment()]})
     assert response.status_code == 400
@@ -230,7 +222,7 @@ def test_a_source_without_attachments_refuses_them(enqueued, settings):
     _nothing_stored(settings)
 
 
-def test_a_declared_length_over_the_limit_is_refused_before_reading(source, enqueued, settings):
+def test_a_declared_length_over_the_limit_is_refused_before_reading(source, announced_events, settings):
     body = json.dumps({"text": "x" * 100}).encode()
     response = Client().generic(
         "POST", URL, data=body, content_type="application/json",
@@ -242,7 +234,7 @@ def test_a_declared_length_over_the_limit_is_refused_before_reading(source, enqu
     _nothing_stored(settings)
 
 
-def test_a_failure_while_storing_leaves_nothing_behind(source, enqueued, settings, monkeypatch):
+def test_a_failure_while_storing_leaves_nothing_behind(source, announced_events, settings, monkeypatch):
     def explode(**kwargs):
         raise RuntimeError("disk full")
 
@@ -257,7 +249,7 @@ def test_a_failure_while_storing_leaves_nothing_behind(source, enqueued, setting
 
 
 @postgres_only
-def test_twenty_concurrent_deliveries_store_one_event_and_start_one_run(source, enqueued, settings):
+def test_twenty_concurrent_deliveries_store_one_event_and_start_one_run(source, announced_events, settings):
     body = json.dumps({"text": "Refund?", "attachments": [attachment()]}).encode()
     barrier = threading.Barrier(20)
     answers: list = []
@@ -285,7 +277,7 @@ def test_twenty_concurrent_deliveries_store_one_event_and_start_one_run(source, 
     assert len({body["event_id"] for _, body in answers}) == 1
     assert WebhookEvent.objects.count() == 1
     assert len(stored_dirs(settings)) == 1  # the losers removed their copies
-    assert len(enqueued) == 1
+    assert len(announced_events) == 1
 
     # Every task delivered (and delivered again) starts one run between them.
     event_id = answers[0][1]["event_id"]
@@ -299,7 +291,7 @@ def test_twenty_concurrent_deliveries_store_one_event_and_start_one_run(source, 
 # --- Processing ------------------------------------------------------------------------------------
 
 
-def test_an_event_is_processed_by_a_webhook_run_with_its_attachment_as_input(source, enqueued, settings):
+def test_an_event_is_processed_by_a_webhook_run_with_its_attachment_as_input(source, announced_events, settings):
     event_id = deliver({"from": "jane@example.com", "attachments": [attachment()]}).json()["event_id"]
 
     assert processing.process_event(event_id=event_id) == EventStatus.DONE
@@ -319,7 +311,7 @@ def test_an_event_is_processed_by_a_webhook_run_with_its_attachment_as_input(sou
     assert AgentRun.objects.count() == 1
 
 
-def test_a_duplicate_delivery_after_processing_starts_no_second_run(source, enqueued):
+def test_a_duplicate_delivery_after_processing_starts_no_second_run(source, announced_events):
     first = deliver({"text": "one"})
     processing.process_event(event_id=first.json()["event_id"])
     again = deliver({"text": "one"})
@@ -334,7 +326,7 @@ def test_retry_delays_back_off_and_are_capped(settings):
     assert [processing.retry_delay(n) for n in range(1, 8)] == [5, 30, 120, 600, 600, 600, 600]
 
 
-def test_a_failure_without_tool_calls_is_retried_with_backoff_until_dead(enqueued, settings):
+def test_a_failure_without_tool_calls_is_retried_with_backoff_until_dead(announced_events, settings):
     settings.WEBHOOK_MAX_ATTEMPTS = 5
     make_source(script=[FAIL])
     event_id = deliver().json()["event_id"]
@@ -370,7 +362,7 @@ def test_a_failure_without_tool_calls_is_retried_with_backoff_until_dead(enqueue
     assert processing.sweep() == []
 
 
-def test_a_failure_after_a_tool_call_is_not_retried_but_waits_for_review(enqueued):
+def test_a_failure_after_a_tool_call_is_not_retried_but_waits_for_review(announced_events):
     make_source(script=[SEND_EMAIL, FAIL])
     event_id = deliver().json()["event_id"]
 
@@ -389,7 +381,7 @@ def test_a_failure_after_a_tool_call_is_not_retried_but_waits_for_review(enqueue
     assert OutboxEmail.objects.count() == 1
 
 
-def test_a_failure_whose_tools_are_unknown_waits_for_review(source, enqueued):
+def test_a_failure_whose_tools_are_unknown_waits_for_review(source, announced_events):
     event_id = deliver().json()["event_id"]
     processing.process_event(event_id=event_id)
     event = WebhookEvent.objects.get(pk=event_id)
@@ -402,7 +394,7 @@ def test_a_failure_whose_tools_are_unknown_waits_for_review(source, enqueued):
     assert "unknown whether it called any tool" in WebhookEvent.objects.get(pk=event_id).last_error
 
 
-def test_a_run_in_flight_is_never_joined_by_a_second_one(source, enqueued):
+def test_a_run_in_flight_is_never_joined_by_a_second_one(source, announced_events):
     event_id = deliver().json()["event_id"]
     claim = processing.claim_event(event_id=event_id, worker="w1")
     assert claim.run_id is not None
@@ -422,7 +414,7 @@ def test_a_run_in_flight_is_never_joined_by_a_second_one(source, enqueued):
                                 session_id="s", webhook_event_id=event_id)
 
 
-def test_the_sweeper_names_what_is_due_and_the_workers_claim_it(source, enqueued, settings):
+def test_the_sweeper_names_what_is_due_and_the_workers_claim_it(source, announced_events, settings):
     now = timezone.now()
 
     def event(name, **fields):
@@ -457,7 +449,7 @@ def test_the_sweeper_is_a_periodic_job():
 
 
 def test_attachments_are_copied_at_receipt_and_a_replay_of_the_events_run_uses_the_copy(
-    enqueued, settings, support_lead
+    announced_events, settings, support_lead
 ):
     settings.WEBHOOK_MAX_ATTEMPTS = 1
     make_source(script=[FAIL])
@@ -482,7 +474,7 @@ def test_attachments_are_copied_at_receipt_and_a_replay_of_the_events_run_uses_t
     assert base64.b64decode(first.parts[1]["inline_data"]["data"]) == b"Please refund order 42."
 
 
-def test_an_event_whose_source_cannot_start_a_run_waits_for_review(source, enqueued):
+def test_an_event_whose_source_cannot_start_a_run_waits_for_review(source, announced_events):
     event_id = deliver().json()["event_id"]
     WebhookSource.objects.filter(pk=source.pk).update(agent_name="retired-agent")
     assert processing.process_event(event_id=event_id) == EventStatus.NEEDS_REVIEW
@@ -510,7 +502,7 @@ def _worker(**env) -> subprocess.Popen:
 @postgres_only
 @pytest.mark.parametrize("called_a_tool", [True, False], ids=["after-a-tool", "before-any-tool"])
 def test_a_worker_killed_mid_event_loses_its_lease_and_another_worker_takes_over(
-    enqueued, settings, called_a_tool
+    announced_events, settings, called_a_tool
 ):
     if called_a_tool:
         # The worker dies inside send_email, after the email went out.
@@ -569,7 +561,7 @@ def test_a_worker_killed_mid_event_loses_its_lease_and_another_worker_takes_over
 
 @pytest.mark.slow
 @postgres_only
-def test_four_workers_racing_over_the_same_events_start_one_run_each(enqueued, settings):
+def test_four_workers_racing_over_the_same_events_start_one_run_each(announced_events, settings):
     make_source()
     ids = [deliver({"n": n}, message_id=f"m-{n}").json()["event_id"] for n in range(12)]
     env = dict(WEBHOOK_ATTACHMENTS_DIR=str(settings.WEBHOOK_ATTACHMENTS_DIR))
@@ -582,7 +574,7 @@ def test_four_workers_racing_over_the_same_events_start_one_run_each(enqueued, s
     assert sorted(str(e) for e in AgentRun.objects.values_list("webhook_event_id", flat=True)) == sorted(ids)
 
 
-def test_a_failure_while_starting_an_attempt_leaves_no_run_and_no_copy(enqueued, settings, monkeypatch):
+def test_a_failure_while_starting_an_attempt_leaves_no_run_and_no_copy(announced_events, settings, monkeypatch):
     make_source()
     event_id = deliver({"attachments": [attachment()]}).json()["event_id"]
     real_set = attempts.update_event

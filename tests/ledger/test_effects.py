@@ -10,9 +10,7 @@ import threading
 import pytest
 from django.contrib.auth.models import Permission
 from django.db import connection
-from django.test import Client
 from google.adk.tools import FunctionTool
-from rest_framework.test import APIClient
 
 from agents import tools
 from agents.effects import (
@@ -29,7 +27,7 @@ from agents.effects import (
 from agents.models import CrmNote, OutboxEmail
 from runs.execution import executor
 from runs.inbox import processing
-from runs.ledger import effects, lifecycle
+from runs.ledger import effects
 from runs.models.effects import EffectStatus, ToolEffect
 from runs.models.inbox import EventStatus, WebhookEvent
 from runs.models.ledger import AgentRun, RunStatus
@@ -49,6 +47,7 @@ from tests.helpers import (
     run_now,
     script_params,
 )
+from tests.kit import api, login
 
 FAIL = {"fail": "error", "message": "The model is down."}
 # Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
@@ -161,8 +160,7 @@ def test_each_call_is_journaled_with_its_effect_class(alice):
     assert email.result["status"] == "sent"
     assert calls[1].effect_key == email.key
 
-    client = APIClient()
-    client.force_authenticate(alice)
+    client = api(alice)
     body = client.get(f"/api/runs/{run.run_id}/").json()
     assert [c["effect"] for c in body["tool_calls"]] == ["read_only", "idempotent", "idempotent"]
 
@@ -174,8 +172,7 @@ def test_each_call_is_journaled_with_its_effect_class(alice):
 def test_a_failed_run_that_only_read_replays_without_force_through_the_api(alice):
     failed = run_now(params=script_params(LOOKUP, FAIL), created_by=alice)
     assert failed.tools_executed == ["lookup_customer"]
-    client = APIClient()
-    client.force_authenticate(alice)
+    client = api(alice)
     decision = client.get(f"/api/runs/{failed.run_id}/").json()["replay_decision"]
     assert (decision["allowed"], decision["code"]) == (True, "replayable")
     assert decision["preview"][0]["reuse"] == "runs again"
@@ -185,11 +182,9 @@ def test_a_failed_run_that_only_read_replays_without_force_through_the_api(alice
 
 
 @db
-def test_a_failed_run_that_only_read_replays_without_force_through_the_admin(support_lead, monkeypatch):
-    monkeypatch.setattr(lifecycle, "announce_run", lambda run_id: None)
+def test_a_failed_run_that_only_read_replays_without_force_through_the_admin(no_worker, support_lead):
     failed = run_now(params=script_params(LOOKUP, LOOKUP, FAIL))
-    client = Client()
-    client.force_login(support_lead)
+    client = login(support_lead)
     response = client.post("/admin/runs/agentrun/", {"action": "replay_selected", "_selected_action": [str(failed.pk)]},
                            follow=True)
     replay = AgentRun.objects.get(replay_of=failed)
@@ -200,11 +195,10 @@ def test_a_failed_run_that_only_read_replays_without_force_through_the_admin(sup
 
 
 @db
-def test_a_webhook_attempt_that_only_read_is_retried(settings, monkeypatch, tmp_path):
+def test_a_webhook_attempt_that_only_read_is_retried(no_inbox_worker, settings, tmp_path):
     from tests.inbox.test_webhooks import deliver, make_source
 
     settings.WEBHOOK_ATTACHMENTS_DIR = tmp_path / "webhook-attachments"
-    monkeypatch.setattr("runs.inbox.receipt.announce_event", lambda event_id: None)
     make_source(script=[LOOKUP, FAIL], expects_attachments=False)
     event_id = deliver().json()["event_id"]
 
@@ -246,12 +240,10 @@ def test_a_forced_replay_reuses_recorded_effects_by_default(alice, support_lead)
     assert json.loads(calls[1].response_summary) == json.loads(first_email.response_summary)
     assert ToolEffect.objects.get(key=calls[1].effect_key).first_run_id == original.run_id
 
-    client = APIClient()
-    client.force_authenticate(support_lead)
+    client = api(support_lead)
     body = client.get(f"/api/runs/{replay.run_id}/").json()
     assert [c["status"] for c in body["tool_calls"]] == ["answered", "deduplicated", "deduplicated"]
-    admin = Client()
-    admin.force_login(support_lead)
+    admin = login(support_lead)
     html = admin.get(f"/admin/runs/agentrun/{replay.run_id}/change/").content.decode()
     assert "served from its record, not run again" in html
 
@@ -310,8 +302,7 @@ def test_redo_needs_force(alice):
     failed = run_now(params=script_params(FAIL), created_by=alice)
     with pytest.raises(RedoNeedsForce):
         services.replay_run(failed.run_id, actor=alice, effects="redo")
-    client = APIClient()
-    client.force_authenticate(alice)
+    client = api(alice)
     response = client.post(f"/api/runs/{failed.run_id}/replay/", {"effects": "redo"}, format="json")
     assert response.status_code == 400 and response.json()["code"] == "redo_needs_force"
     response = client.post(f"/api/runs/{failed.run_id}/replay/", {"effects": "twice"}, format="json")
@@ -358,11 +349,10 @@ def test_effect_keys_come_from_the_intent_never_from_call_ids_or_all_arguments(s
 
 
 @db
-def test_a_webhook_runs_intent_is_its_event(settings, monkeypatch, tmp_path):
+def test_a_webhook_runs_intent_is_its_event(no_inbox_worker, settings, tmp_path):
     from tests.inbox.test_webhooks import deliver, make_source
 
     settings.WEBHOOK_ATTACHMENTS_DIR = tmp_path / "webhook-attachments"
-    monkeypatch.setattr("runs.inbox.receipt.announce_event", lambda event_id: None)
     source = make_source(script=[SEND_EMAIL, SAY_DONE], expects_attachments=False)
     event_id = deliver(message_id="provider-42").json()["event_id"]
     assert processing.process_event(event_id=event_id) == EventStatus.DONE
@@ -372,11 +362,9 @@ def test_a_webhook_runs_intent_is_its_event(settings, monkeypatch, tmp_path):
 
 
 @db
-def test_the_force_replay_page_asks_reuse_or_redo_and_previews_each_call(support_lead, monkeypatch):
-    monkeypatch.setattr(lifecycle, "announce_run", lambda run_id: None)
+def test_the_force_replay_page_asks_reuse_or_redo_and_previews_each_call(no_worker, support_lead):
     failed = run_now(params=script_params(LOOKUP, SEND_EMAIL, FAIL))
-    client = Client()
-    client.force_login(support_lead)
+    client = login(support_lead)
     form = {"action": "force_replay_selected", "_selected_action": [str(failed.pk)]}
     html = client.post("/admin/runs/agentrun/", form).content.decode()
     assert 'name="effects" value="reuse" checked' in html
@@ -470,8 +458,7 @@ def test_effect_records_are_browsable_read_only(support_lead, django_user_model)
     run = run_now(params=script_params(SEND_EMAIL, FAIL))
     record = ToolEffect.objects.get()
     admin_user = django_user_model.objects.create_superuser("root-desk")
-    client = Client()
-    client.force_login(admin_user)
+    client = login(admin_user)
     listing = client.get("/admin/runs/tooleffect/").content.decode()
     assert "send_email" in listing and str(run.run_id)[:8] in listing
     page = client.get(f"/admin/runs/tooleffect/{record.pk}/change/")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import io
 import threading
-import uuid
 
 import pytest
 from django.core import mail
@@ -226,12 +225,10 @@ def test_a_late_outcome_never_overwrites_a_settled_run():
     assert run.late_outcome["result"] == "late"
 
 
-def test_start_run_announces_the_run_to_the_workers(monkeypatch):
-    enqueued: list[uuid.UUID] = []
-    monkeypatch.setattr(lifecycle, "announce_run", enqueued.append)
+def test_start_run_announces_the_run_to_the_workers(announced):
     run = services.start_run(agent_name="support", message="hi", owner_id="alice")
 
-    assert enqueued == [run.run_id]
+    assert announced == [run.run_id]
     assert AgentRun.objects.get(pk=run.run_id).status == RunStatus.QUEUED
 
 

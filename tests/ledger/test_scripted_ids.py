@@ -12,7 +12,6 @@ from rest_framework.test import APIClient
 from agents.models import OutboxEmail
 from agents.scripted import ScriptError, validate_script
 from runs.execution import executor
-from runs.ledger import lifecycle
 from runs.models.ledger import AgentRun, RunStatus
 from runs.services import run as services
 from tests.helpers import EMAIL_ARGS, LOOKUP, SAY_DONE, SEND_EMAIL, package_source, run_now, script_params
@@ -41,8 +40,7 @@ def test_an_explicit_id_longer_than_the_journal_keeps_is_refused():
         validate_script([{**LOOKUP, "id": "c" * 129}])
 
 
-def test_the_api_refuses_repeated_ids_with_a_400_naming_the_steps(alice, monkeypatch):
-    monkeypatch.setattr(lifecycle, "announce_run", lambda run_id: None)
+def test_the_api_refuses_repeated_ids_with_a_400_naming_the_steps(no_worker, alice):
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=alice).key}")
     params = script_params({**LOOKUP, "id": "same"}, {**SEND_EMAIL, "id": "same"}, SAY_DONE)

@@ -24,7 +24,6 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from runs.execution import executor
-from runs.ledger import lifecycle
 from runs.models.ledger import AgentRun, RunStatus
 from runs.services import run as services
 from tests.factories import make_run, run_in_state
@@ -81,10 +80,8 @@ def chromium_page():
             browser.close()
 
 
-def test_a_support_lead_force_replays_a_failed_run(live_server, support_lead, monkeypatch, tmp_path):
-    enqueued: list = []
+def test_a_support_lead_force_replays_a_failed_run(announced, live_server, support_lead, monkeypatch, tmp_path):
     # No worker runs beside the live server: the test executes the replay itself.
-    monkeypatch.setattr(lifecycle, "announce_run", enqueued.append)
     failed = run_now(params=script_params(SEND_EMAIL, UPDATE_CRM, {"fail": "error", "message": "CRM timed out"}))
     assert failed.status == RunStatus.ERROR
     assert failed.tools_executed == ["send_email", "update_crm"]
@@ -95,7 +92,7 @@ def test_a_support_lead_force_replays_a_failed_run(live_server, support_lead, mo
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with chromium_page() as page:
         try:
-            drive_the_desk(page, live_server, support_lead, failed, enqueued, tmp_path)
+            drive_the_desk(page, live_server, support_lead, failed, announced, tmp_path)
         finally:
             connections.close_all()
 
@@ -157,9 +154,8 @@ def drive_the_desk(page, live_server, support_lead, failed, enqueued, tmp_path):
     assert "called send_email" in page.locator(".run-timeline").inner_text()
 
 
-def test_the_desk_overview_and_a_live_run_page(live_server, support_lead, monkeypatch, tmp_path):
+def test_the_desk_overview_and_a_live_run_page(no_worker, live_server, support_lead, monkeypatch, tmp_path):
     """The desk counts what needs a person; a running run's page follows it, then stops polling."""
-    monkeypatch.setattr(lifecycle, "announce_run", lambda run_id: None)
     # A ledger with something in each tile and a day of history for the chart.
     now = timezone.now()
     for hours, status, tools in [(1, RunStatus.SUCCESS, ["send_email"]), (2, RunStatus.SUCCESS, []),

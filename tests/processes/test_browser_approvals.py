@@ -13,7 +13,6 @@ from django.db import connection, connections
 
 from agents.models import Refund
 from runs.execution import executor
-from runs.ledger import lifecycle
 from runs.models.approvals import Decision
 from runs.models.ledger import AgentRun, RunStatus
 from tests.processes.test_browser import CHROMIUM, chromium_page
@@ -27,10 +26,8 @@ pytestmark = [
 ]
 
 
-def test_an_approver_approves_a_waiting_refund_from_the_run_page(live_server, alice, approver, monkeypatch):  # noqa: F811
-    enqueued: list = []
+def test_an_approver_approves_a_waiting_refund_from_the_run_page(announced, live_server, alice, approver, monkeypatch):  # noqa: F811
     # No worker runs beside the live server: the test executes the approved run itself.
-    monkeypatch.setattr(lifecycle, "announce_run", enqueued.append)
     run, pending = waiting_refund(alice)
     page_url = f"/admin/runs/agentrun/{run.run_id}/change/"
 
@@ -75,7 +72,7 @@ def test_an_approver_approves_a_waiting_refund_from_the_run_page(live_server, al
             waiting.locator('input[type="submit"][value="Decide"]').click()
             page.wait_for_selector("ul.messagelist li")
             assert "approved. The run goes on." in page.locator("ul.messagelist").inner_text()
-            assert enqueued == [run.run_id]
+            assert announced == [run.run_id]
             assert AgentRun.objects.get(pk=run.pk).status == RunStatus.QUEUED
 
             worker = threading.Thread(target=work)

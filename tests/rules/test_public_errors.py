@@ -9,9 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 
 import pytest
-from django.test import Client
 from django.utils import timezone
-from rest_framework.test import APIClient
 
 from agents.models import AdkEvent
 from runs.chat.turns import outcome_payload
@@ -19,16 +17,11 @@ from runs.ledger import reconcile
 from runs.models.ledger import RunStatus, RunStep
 from tests.factories import make_run
 from tests.helpers import run_now, script_params
+from tests.kit import api, login
 
 pytestmark = pytest.mark.django_db
 
 WORKER = "vm-7f3a:48213"
-
-
-def api(user) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(user)
-    return client
 
 
 def test_a_tool_exception_stays_on_the_desk(bob, run_viewer):
@@ -44,8 +37,7 @@ def test_a_tool_exception_stays_on_the_desk(bob, run_viewer):
     listed = api(bob).get("/api/runs/").content.decode()
     assert "ScriptedToolError" not in listed and WORKER not in listed
 
-    desk = Client()
-    desk.force_login(run_viewer)
+    desk = login(run_viewer)
     run_viewer.user_permissions.add(*bob.user_permissions.all())
     page = desk.get(f"/admin/runs/agentrun/{run.pk}/change/").content.decode()
     assert "ScriptedToolError" in page  # the desk reads the whole story

@@ -12,7 +12,7 @@ from django.contrib.admin.models import LogEntry
 from django.db import connection
 
 from agents.models import AdkEvent, OutboxEmail
-from runs.ledger import chain, lifecycle
+from runs.ledger import chain
 from runs.models.ledger import AgentRun, RunStatus
 from runs.refusals import (
     AlreadyReplayed,
@@ -211,12 +211,10 @@ def test_a_failed_run_with_no_tools_is_replayed_as_a_new_run_in_a_new_session(al
 
 
 @pytestmark_db
-def test_the_replay_is_enqueued_on_commit(alice, monkeypatch, django_capture_on_commit_callbacks):
-    enqueued = []
-    monkeypatch.setattr(lifecycle, "announce_run", enqueued.append)
+def test_the_replay_is_enqueued_on_commit(announced, alice, django_capture_on_commit_callbacks):
     original = make_run(tools=[], created_by=alice)
     replay = services.replay_run(original.run_id, actor=alice)
-    assert enqueued == [replay.run_id]
+    assert announced == [replay.run_id]
 
 
 @pytestmark_db

@@ -16,7 +16,6 @@ from django.contrib.auth.models import Permission
 from django.db import connection
 from django.test import Client
 from django.utils import timezone
-from rest_framework.test import APIClient
 
 from agents import scripted
 from agents.models import CrmNote, OutboxEmail
@@ -33,8 +32,10 @@ from runs.rules import replay as rules
 from runs.services import decisions
 from runs.services import run as services
 from runs.upkeep import retention
+from tests import kit
 from tests.factories import make_run
 from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, UPDATE_CRM, postgres_only, run_now, script_params
+from tests.kit import login
 
 # Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
 db = pytest.mark.django_db(transaction=True)
@@ -100,9 +101,7 @@ def test_a_run_that_succeeded_or_is_in_flight_is_decided_without_reading_its_ses
 
 @pytest.fixture
 def api(alice):
-    client = APIClient()
-    client.force_authenticate(alice)
-    return client
+    return kit.api(alice)
 
 
 def failed_after_email(alice, model_down) -> AgentRun:
@@ -172,8 +171,7 @@ def test_every_refusal_code_through_the_api(api, alice, django_user_model, model
     # Seeing a run is not continuing it: another user needs runs.replay_agentrun.
     viewer = django_user_model.objects.create_user("vic", password="vic-pass-123")
     viewer.user_permissions.add(Permission.objects.get(codename="view_agentrun"))
-    other = APIClient()
-    other.force_authenticate(viewer)
+    other = kit.api(viewer)
     assert_refused(other.post(f"/api/runs/{in_doubt.run_id}/resume/"), 403, "resume_not_permitted")
     assert AgentRun.objects.filter(resume_of__isnull=False).count() == 0  # no refusal wrote a row
 
@@ -308,8 +306,7 @@ def test_the_resume_button_confirms_with_the_preview_then_opens_the_resume(suppo
     original = run_now(params=script_params(dict(SEND_EMAIL, tool_fails="SMTP timeout"), SAY_DONE),
                        created_by=support_agent, owner_id=support_agent.username)
     call = original.tool_calls.get()
-    client = Client()
-    client.force_login(support_agent)
+    client = login(support_agent)
     html = client.get(f"{CHANGELIST}{original.pk}/change/").content.decode()
     form = button_form(html, "resume-button")
 

@@ -17,7 +17,6 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.test import Client
 from django.utils import timezone
-from rest_framework.test import APIClient
 
 from agents.models import Refund
 from agents.services import save_workflow
@@ -35,6 +34,7 @@ from runs.services import run as services
 from runs.worker import processes as worker
 from tests.chat.test_chat import _turn, alice_token, server  # noqa: F401 - the live server's fixtures
 from tests.helpers import LOOKUP, postgres_only, run_now, run_python, script_params
+from tests.kit import api, login
 
 db = pytest.mark.django_db(transaction=True)  # runs cross the Django/ADK seam: real commits
 
@@ -67,12 +67,6 @@ def execute(run: AgentRun) -> AgentRun:
     executor.execute(run.run_id)
     run.refresh_from_db()
     return run
-
-
-def api(user) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(user)
-    return client
 
 
 def waiting_refund(alice, *steps) -> tuple[AgentRun, PendingCall]:
@@ -146,8 +140,7 @@ def test_a_rejection_tells_the_model_and_nothing_is_refunded(alice, approver, re
     data = api(approver).get(f"/api/runs/{run.run_id}/").json()
     assert data["tools_executed"] == [] and (data["tool_calls"][0]["status"], data["tool_calls"][0]["state"]) == (
         "not_run", "rejected")
-    page = Client()
-    page.force_login(admin_user)
+    page = login(admin_user)
     html = page.get(f"/admin/runs/agentrun/{run.run_id}/change/").content.decode()
     assert "rejected, not run" in html and "answered" not in html.split('id="tool_calls-group"')[1].split("</fieldset>")[0]
 
@@ -293,8 +286,7 @@ def test_the_desk_counts_approvals_waiting_and_names_the_oldest(alice, admin_use
     data = overview.build_overview()
     assert (data.approvals_waiting.count.value, data.approvals_waiting.oldest.call_id) == (2, pending.call_id)
     assert data.in_flight.count.value == 0  # waiting is not in flight: it holds no worker
-    client = Client()
-    client.force_login(admin_user)
+    client = login(admin_user)
     page = client.get("/admin/desk/").content.decode()
     assert 'id="approvals-waiting"' in page and "Approvals waiting" in page and str(first.run_id)[:8] in page
     listed = client.get("/admin/runs/agentrun/?desk=waiting").content.decode()
@@ -317,8 +309,7 @@ def test_the_run_page_shows_the_call_and_a_person_approves_it_there(alice, appro
     run, pending = waiting_refund(alice)
     page_url = f"/admin/runs/agentrun/{run.run_id}/change/"
     answer_url = f"/admin/runs/agentrun/{run.run_id}/calls/{pending.call_id}/answer/"
-    staff = Client()
-    staff.force_login(support_agent)
+    staff = login(support_agent)
     page = staff.get(page_url).content.decode()
     assert f'id="waiting-{pending.call_id}"' in page and "permission to approve" in page
     assert 'id="run-live"' in page and "Waiting for 1 call" in page
@@ -326,8 +317,7 @@ def test_the_run_page_shows_the_call_and_a_person_approves_it_there(alice, appro
     pending.refresh_from_db()
     assert pending.decision == ""
 
-    person = Client()
-    person.force_login(approver)
+    person = login(approver)
     assert 'name="decision" value="approve"' in person.get(page_url).content.decode()
     response = person.post(answer_url, {"decision": "approve", "note": "Order checked."}, follow=True)
     assert "approved. The run goes on." in response.content.decode()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth.models import Permission
-from django.test import Client
 from google.adk.utils._function_call_names import REQUEST_CONFIRMATION_FUNCTION_CALL_NAME
 from google.genai import types
 
@@ -27,7 +26,8 @@ from runs.rules.quotas import TooManyRunsInFlight
 from runs.services import run as services
 from runs.upkeep import recovery
 from tests.helpers import run_now, script_params
-from tests.services.test_approvals import BIG_REFUND, REFUNDED, api, approver  # noqa: F401 - fixture
+from tests.kit import api, login
+from tests.services.test_approvals import BIG_REFUND, REFUNDED, approver  # noqa: F401 - fixture
 
 db = pytest.mark.django_db(transaction=True)
 
@@ -50,8 +50,7 @@ def _decide(user, run, pending, decision: str = "approve"):
 
 
 def _admin_decide(user, run, pending) -> list[str]:
-    client = Client()
-    client.force_login(user)
+    client = login(user)
     response = client.post(f"/admin/runs/agentrun/{run.run_id}/calls/{pending.call_id}/answer/",
                            {"decision": "approve"}, follow=True)
     return [str(message) for message in response.context["messages"]] if response.context else []

@@ -11,9 +11,7 @@ import pytest
 from django.conf import settings
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission
-from django.test import Client
 from django.utils import timezone
-from rest_framework.test import APIClient
 
 from agents.models import OutboxEmail
 from runs.execution import executor
@@ -25,6 +23,7 @@ from runs.rules import replay as rules
 from runs.services import run as services
 from runs.services.decisions import settle_call
 from tests.helpers import SAY_DONE, SEND_EMAIL, run_now, run_python, script_params
+from tests.kit import api, login
 
 # Runs execute on the agent loop, and a worker killed in a child process leaves the calls to settle.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -36,12 +35,6 @@ def settler(django_user_model):
     user = django_user_model.objects.create_user("sue", password="sue-pass-123", is_staff=True)
     user.user_permissions.add(*Permission.objects.filter(codename__in=["view_agentrun", "settle_toolcall"]))
     return user
-
-
-def api(user) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(user)
-    return client
 
 
 def killed_inside_the_tool(crash: str, *, created_by=None) -> AgentRun:
@@ -204,8 +197,7 @@ def test_the_run_page_settles_a_call_in_doubt_for_those_allowed(settler, support
     page_url = f"/admin/runs/agentrun/{run.run_id}/change/"
     settle_url = f"/admin/runs/agentrun/{run.run_id}/calls/{call.call_id}/settle/"
 
-    viewer = Client()
-    viewer.force_login(support_agent)
+    viewer = login(support_agent)
     html = viewer.get(page_url).content.decode()
     assert f'id="doubt-{call.call_id}"' in html
     assert "Settle this call" not in html
@@ -216,8 +208,7 @@ def test_the_run_page_settles_a_call_in_doubt_for_those_allowed(settler, support
     call.refresh_from_db()
     assert call.settled_outcome == ""
 
-    client = Client()
-    client.force_login(settler)
+    client = login(settler)
     html = client.get(page_url).content.decode()
     assert "Settle this call" in html and 'name="outcome" value="not_done"' in html
     no_note = client.post(settle_url, {"outcome": "done", "note": ""}, follow=True)

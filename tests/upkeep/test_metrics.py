@@ -18,6 +18,7 @@ from runs.models.ledger import AgentRun, RunStatus, ToolCall, ToolCallStatus
 from runs.refusals import ToolsCalled
 from runs.services import run as services
 from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, run_now, script_params
+from tests.kit import login
 
 # Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -57,11 +58,9 @@ def test_a_scrape_needs_the_token_or_a_staff_login(alice, support_agent, setting
     assert Client().get("/metrics").status_code == 401
     assert Client(headers={"Authorization": "Bearer wrong"}).get("/metrics").status_code == 401
     assert Client().get("/metrics")["WWW-Authenticate"].startswith("Bearer")
-    user = Client()
-    user.force_login(alice)
+    user = login(alice)
     assert user.get("/metrics").status_code == 401
-    staff = Client()
-    staff.force_login(support_agent)
+    staff = login(support_agent)
     assert staff.get("/metrics").status_code == 200
     settings.METRICS_TOKEN = ""
     # No token configured: a bearer header grants nothing, a staff login still does.

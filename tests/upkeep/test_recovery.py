@@ -16,7 +16,6 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
-from rest_framework.test import APIClient
 
 from agents.models import CrmNote, OutboxEmail
 from runs.execution import executor
@@ -40,6 +39,7 @@ from tests.helpers import (
     wait_for_workers,
     worker_pids,
 )
+from tests.kit import api
 
 # The continuation runs through ADK's engine, another connection: its commits must be seen.
 db = pytest.mark.django_db(transaction=True)
@@ -200,12 +200,11 @@ def test_the_api_tells_a_recovered_run_from_one_that_needs_a_person(admin_user, 
     resumed = recovery.recover(run_id=recovered.run_id)
     waiting = make_run(tools=["send_email"], error_code=reconcile.RECONCILED, finished_at=timezone.now())
     recovery.recover(run_id=waiting.run_id)
-    api = APIClient()
-    api.force_authenticate(admin_user)
-    body = api.get(f"/api/runs/{recovered.run_id}/").json()
+    client = api(admin_user)
+    body = client.get(f"/api/runs/{recovered.run_id}/").json()
     assert body["recovery"] == "recovered" and str(resumed.run_id) in body["recovery_detail"]
-    assert api.get(f"/api/runs/{resumed.run_id}/").json()["resume_reason"] == "recovered"
-    assert api.get(f"/api/runs/{waiting.run_id}/").json()["recovery"] == "needs_person"
+    assert client.get(f"/api/runs/{resumed.run_id}/").json()["resume_reason"] == "recovered"
+    assert client.get(f"/api/runs/{waiting.run_id}/").json()["recovery"] == "needs_person"
 
 
 # --- Real deaths (PostgreSQL) -----------------------------------------------------------------------
