@@ -16,7 +16,8 @@ from tests.helpers import SEND_EMAIL, UPDATE_CRM, run_now, script_params
 from tests.kit import login
 
 # The desk's runs are executed for real first: the agent loop's ORM thread and ADK's engine read the test's commits.
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_worker")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_worker")]
+committed = pytest.mark.django_db(transaction=True)  # executes runs: the agent loop's connections read what the test committed
 
 CHANGELIST = "/admin/runs/agentrun/"
 
@@ -158,6 +159,7 @@ def test_people_outside_support_are_kept_out(alice):
 # --- The run page -------------------------------------------------------------------------------------
 
 
+@committed
 def test_the_run_page_tells_the_story(lee, support_lead):
     run = run_now(
         params=script_params(SEND_EMAIL, UPDATE_CRM, {"fail": "error", "message": "backend down"}),
@@ -276,6 +278,7 @@ def test_replay_reports_each_run(lee):
     assert AgentRun.objects.count() == 4
 
 
+@committed
 def test_force_replay_confirmation_lists_what_each_run_called_and_needs_a_reason(lee, support_lead):
     failed = run_now(params=script_params(SEND_EMAIL, UPDATE_CRM, {"fail": "error", "message": "lost"}))
     unknown = make_run(tools=None)

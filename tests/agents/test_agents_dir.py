@@ -21,7 +21,8 @@ from tests.helpers import EMAIL_ARGS, SAY_DONE, package_source, run_now
 from tests.kit import api_as
 
 # Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
+committed = pytest.mark.django_db(transaction=True)  # executes runs: the agent loop's connections read what the test committed
 
 BROKEN = 'from google.adk.agents import LlmAgent\n\nroot_agent = LlmAgent(name="broken", model="gemini-2.5-flash"\n'
 
@@ -84,6 +85,7 @@ def test_a_multi_agent_tree_is_described_with_sources_sub_agents_and_transfers(d
     assert desk.default_script == ({"call": "lookup_order", "args": {"order_id": "A-1"}}, {"say": "Order A-1 was delivered."})
 
 
+@committed
 def test_a_package_with_a_syntax_error_is_listed_with_its_error_and_the_others_run(agents_dir, alice, caplog):
     specs = agents_dir(broken=BROKEN, desk=package_source("desk"))
     assert "SyntaxError" in specs["broken"].load_error
@@ -107,6 +109,7 @@ def test_a_package_with_a_syntax_error_is_listed_with_its_error_and_the_others_r
 # --- Running any tree ------------------------------------------------------------------------------
 
 
+@committed
 def test_a_multi_agent_tree_runs_and_each_call_is_journaled_with_its_agent(desk):
     run = run_now(agent_name="desk", message="Refund A-1 and check the parcel.", params={"scripts": DESK_SCRIPTS})
 
@@ -170,6 +173,7 @@ def test_with_a_key_each_agent_keeps_its_declared_model_unless_agent_model_names
     assert {agent.model.inner.model for agent in loading.walk_agents(root) if isinstance(agent, LlmAgent)} == {"gemini-2.0-flash"}
 
 
+@committed
 def test_tools_called_with_bad_arguments_answer_with_an_error_and_the_run_goes_on(desk):
     run = run_now(agent_name="desk", message="Refund A-1.", params={"scripts": {
         "desk": [{"call": "transfer_to_agent", "args": {"agent_name": "refunds"}}],
@@ -185,6 +189,7 @@ def test_tools_called_with_bad_arguments_answer_with_an_error_and_the_run_goes_o
     assert run.result == "I could not refund it."
 
 
+@committed
 def test_two_concurrent_runs_of_one_agent_play_their_own_scripts(agents_dir):
     agents_dir(mailer=package_source("mailer"))
 
@@ -292,6 +297,7 @@ def test_the_admin_shows_loaded_agents_to_staff_only(agents_dir, admin_client, c
     assert client.get("/admin/agents-loaded/").status_code == 302
 
 
+@committed
 def test_workflows_webhook_sources_and_run_agent_take_any_loaded_agent(desk, capsys):
     graph = {"steps": {"route": {"agent": "desk"}}, "chains": [["START", "route"]]}
     name, _ = services.check_workflow(name="desk_flow", graph=graph)
@@ -308,6 +314,7 @@ def test_workflows_webhook_sources_and_run_agent_take_any_loaded_agent(desk, cap
     assert run.tools_executed == ["lookup_order"]
 
 
+@committed
 def test_a_workflow_scripts_the_sub_agents_of_its_agent_steps(desk):
     from runs.services import run as run_services
 

@@ -25,7 +25,8 @@ from runs.services.decisions import settle_call
 from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, UPDATE_CRM, run_now, wait_until
 
 # Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
+committed = pytest.mark.django_db(transaction=True)  # executes runs: the agent loop's connections read what the test committed
 
 
 def say(text: str) -> dict:
@@ -74,6 +75,7 @@ def run_in_thread(run_id):
 # --- Runs: chain, fan-out and join ------------------------------------------------------------------
 
 
+@committed
 def test_a_chain_runs_its_steps_in_order_and_hands_each_output_to_the_next(alice, observed):
     define(
         "intake",
@@ -108,6 +110,7 @@ def test_a_chain_runs_its_steps_in_order_and_hands_each_output_to_the_next(alice
     assert run.tools_executed == ["lookup_customer"]
 
 
+@committed
 def test_fan_out_and_join_record_every_step_and_the_last_agent_gets_both_findings(alice, demo, observed):
     run = run_now(agent_name="refund_review", created_by=alice)
 
@@ -138,6 +141,7 @@ def test_fan_out_and_join_record_every_step_and_the_last_agent_gets_both_finding
     assert OutboxEmail.objects.filter(run_id=run.run_id).count() == 1
 
 
+@committed
 def test_a_workflow_runs_a_sub_workflow_as_a_step(alice):
     define("checks", [["START", "triage", "brief"]], triage={"agent": "triage"}, brief={"function": "request_text"})
     define(
@@ -164,6 +168,7 @@ def test_a_workflow_runs_a_sub_workflow_as_a_step(alice):
     assert run.result == "S"
 
 
+@committed
 def test_the_run_keeps_the_graph_it_was_started_with(alice):
     definition = define("short", [["START", "triage"]], triage={"agent": "triage"})
     run = services.start_run(agent_name="short", message="hi", owner_id="jane", created_by=alice, enqueue=False)
@@ -178,6 +183,7 @@ def test_the_run_keeps_the_graph_it_was_started_with(alice):
 # --- Failures ----------------------------------------------------------------------------------------
 
 
+@committed
 def test_a_failing_branch_cancels_its_sibling_and_the_run_lists_the_tools_of_every_branch(alice):
     define(
         "risky",
@@ -227,6 +233,7 @@ def test_a_failing_branch_cancels_its_sibling_and_the_run_lists_the_tools_of_eve
     assert decision.refusal.detail.startswith("This run already called ")
 
 
+@committed
 def test_a_step_that_failed_before_any_tool_is_retried_and_one_that_called_a_tool_is_not(alice):
     define(
         "retrying",
@@ -254,6 +261,7 @@ def test_a_step_that_failed_before_any_tool_is_retried_and_one_that_called_a_too
     assert OutboxEmail.objects.filter(run_id=acted.run_id).count() == 1
 
 
+@committed
 def test_a_workflow_run_that_failed_before_any_tool_replays_the_graph_it_stored(alice, support_lead):
     definition = define("fragile", [["START", "triage"]], triage={"agent": "triage"})
     run = run_now(
@@ -276,6 +284,7 @@ def test_a_workflow_run_that_failed_before_any_tool_replays_the_graph_it_stored(
 # --- Cancellation ------------------------------------------------------------------------------------
 
 
+@committed
 def test_cancelling_mid_workflow_stops_every_step_and_sub_workflow_within_a_few_heartbeats(settings, alice):
     define("inner", [["START", "triage"]], triage={"agent": "triage"})
     define(
@@ -327,6 +336,7 @@ def test_cancelling_mid_workflow_stops_every_step_and_sub_workflow_within_a_few_
     assert rules.decide(run, force=False).code == "replayable"
 
 
+@committed
 def test_cancelling_during_a_retry_wait_stops_the_wait(settings, alice, observed):
     define(
         "patient",
@@ -355,6 +365,7 @@ def test_cancelling_during_a_retry_wait_stops_the_wait(settings, alice, observed
     assert run.tools_executed == []
 
 
+@committed
 def test_a_chat_client_that_goes_away_cancels_a_workflow_turn(alice, demo):
     from asgiref.sync import async_to_sync
 
@@ -508,6 +519,7 @@ def test_the_api_creates_replaces_and_lists_workflows_for_those_allowed(admin_cl
 # --- Starting workflow runs through the API ------------------------------------------------------------
 
 
+@committed
 def test_the_api_starts_a_workflow_run_by_agent_or_workflow_and_shows_its_steps(client, alice, demo):
     client.force_login(alice)
     by_agent = client.post(
@@ -553,6 +565,7 @@ def test_the_api_refuses_bad_workflow_runs(client, alice, demo, body, field, mes
     assert not AgentRun.objects.exists()
 
 
+@committed
 def test_the_run_page_draws_the_graph_with_each_steps_status(admin_client, alice, demo):
     run = run_now(agent_name="refund_review", created_by=alice)
     page = admin_client.get(f"/admin/runs/agentrun/{run.run_id}/change/").content.decode()
@@ -579,6 +592,7 @@ def test_compiling_uses_adks_workflow_primitives(demo):
     }
 
 
+@committed
 def test_an_agent_step_that_answers_nothing_fails_the_run_and_the_next_step_never_runs(alice):
     define("quiet", [["START", "triage", "support"]], triage={"agent": "triage"}, support={"agent": "support"})
     run = run_now(

@@ -31,7 +31,8 @@ from tests.helpers import BASE_DIR, SAY_DONE, child_env, read_settings
 from tests.kit import api, login
 
 # Child processes and runs executed on the agent loop read the test database through their own connections.
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
+committed = pytest.mark.django_db(transaction=True)  # executes runs: the agent loop's connections read what the test committed
 
 PRODUCTION = {
     "DEBUG": "false",
@@ -62,6 +63,7 @@ def _python(code: str, *, drop: tuple[str, ...] = (), **env: str) -> subprocess.
 
 
 @pytest.mark.slow
+@committed
 def test_production_without_a_secret_key_refuses_to_start_naming_it():
     # The one refusal seen from a real entry point; the others are read in-process (read_settings).
     environment = {name: value for name, value in child_env(DEBUG="false").items() if name != "SECRET_KEY"}
@@ -76,6 +78,7 @@ def test_production_without_a_secret_key_refuses_to_start_naming_it():
 
 
 @pytest.mark.slow
+@committed
 def test_importing_settings_writes_no_file(tmp_path):
     var_dir = tmp_path / "var"
     code = "from django.conf import settings; print(settings.SECRET_KEY)"
@@ -121,6 +124,7 @@ def test_a_bad_database_url_is_reported_without_its_password():
 
 
 @pytest.mark.slow
+@committed
 def test_check_deploy_is_clean_with_the_documented_production_settings():
     result = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
@@ -231,11 +235,13 @@ def test_mail_files_and_their_folder_are_private(settings, tmp_path):
     assert _mode(folder.parent) == 0o700
 
 
+@committed
 def test_the_default_mail_backend_is_the_private_one():
     result = _python("from django.conf import settings; print(settings.EMAIL_BACKEND)", drop=("EMAIL_BACKEND",))
     assert result.stdout.split()[-1] == "config.lib.mail.PrivateFileEmailBackend", result.stderr[-2000:]
 
 
+@committed
 def test_sqlite_files_are_private_from_the_first_connection(tmp_path):
     database = tmp_path / "ledger.sqlite3"
     # Modes are read in the child: SQLite removes its -wal and -shm files when the last connection closes.

@@ -20,7 +20,8 @@ from tests.inbox.test_webhooks import FAIL, SECRET, attachment, deliver, make_so
 from tests.kit import login
 
 # Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
+committed = pytest.mark.django_db(transaction=True)  # executes runs: the agent loop's connections read what the test committed
 
 CHANGELIST = "/admin/runs/webhookevent/"
 
@@ -48,6 +49,7 @@ def processed_event(script, message_id="m-1", **payload) -> WebhookEvent:
     return WebhookEvent.objects.get(pk=event_id)
 
 
+@committed
 def test_the_inbox_lists_status_source_attempts_next_attempt_last_error_and_runs(support_agent):
     review = processed_event([SEND_EMAIL, FAIL], message_id="needs-a-person")
     done = processed_event([LOOKUP, SAY_DONE], message_id="fine")
@@ -68,6 +70,7 @@ def test_the_inbox_lists_status_source_attempts_next_attempt_last_error_and_runs
     assert "needs-a-person" in filtered and "fine</td>" not in filtered
 
 
+@committed
 def test_an_events_page_shows_payload_attachments_and_attempts(support_agent):
     event = processed_event([LOOKUP, SAY_DONE], text="Refund?", attachments=[attachment()])
     client = login(support_agent)
@@ -84,6 +87,7 @@ def test_an_events_page_shows_payload_attachments_and_attempts(support_agent):
     assert client.get(reverse("admin:runs_webhookevent_attachment", args=[event.pk, 5])).status_code == 404
 
 
+@committed
 def test_retry_now_follows_the_same_rules(support_agent):
     dead = processed_event([FAIL], message_id="dead-one")
     review = processed_event([SEND_EMAIL, FAIL], message_id="review-one")
@@ -112,6 +116,7 @@ def test_retry_now_follows_the_same_rules(support_agent):
     assert LogEntry.objects.filter(object_id=str(dead.pk), change_message__startswith="Retried now").exists()
 
 
+@committed
 def test_retry_now_refuses_an_event_in_flight_or_closed(support_agent):
     done = processed_event([LOOKUP, SAY_DONE], message_id="done-one")
     WebhookEvent.objects.filter(pk=done.pk)
@@ -125,6 +130,7 @@ def test_retry_now_refuses_an_event_in_flight_or_closed(support_agent):
     assert AgentRun.objects.count() == 2
 
 
+@committed
 def test_force_reprocess_needs_the_permission(support_agent):
     event = processed_event([SEND_EMAIL, FAIL])
     response = login(support_agent).post(
@@ -136,6 +142,7 @@ def test_force_reprocess_needs_the_permission(support_agent):
     assert "Force reprocess" not in html
 
 
+@committed
 def test_force_reprocess_confirms_with_what_was_called_then_records_the_reason(support_lead):
     event = processed_event([SEND_EMAIL, FAIL])
     client = login(support_lead)
@@ -173,6 +180,7 @@ def test_force_reprocess_confirms_with_what_was_called_then_records_the_reason(s
     assert forced.tool_calls.get().status == "deduplicated"
 
 
+@committed
 def test_force_reprocess_cannot_override_a_run_in_flight(support_lead):
     event = processed_event([LOOKUP, SAY_DONE])
     AgentRun.objects.filter(webhook_event=event).update(status=RunStatus.QUEUED)
@@ -182,6 +190,7 @@ def test_force_reprocess_cannot_override_a_run_in_flight(support_lead):
     assert AgentRun.objects.count() == 1
 
 
+@committed
 def test_mark_resolved_closes_the_event_for_good(support_agent):
     review = processed_event([SEND_EMAIL, FAIL], message_id="handled-by-phone")
     done = processed_event([LOOKUP, SAY_DONE], message_id="fine")
@@ -197,6 +206,7 @@ def test_mark_resolved_closes_the_event_for_good(support_agent):
     assert "already resolved" in refused[0][1]
 
 
+@committed
 def test_events_are_records_not_forms(support_lead):
     event = processed_event([LOOKUP, SAY_DONE])
     client = login(support_lead)
@@ -268,6 +278,7 @@ def test_a_source_whose_agent_was_retired_is_refused_on_save():
     assert SECRET not in str(refused.value)
 
 
+@committed
 def test_an_event_whose_run_a_person_resumed_waits_for_the_resume_then_closes(support_agent, model_down_at_second_call):
     # The processor died after the attempt failed (the event is still `processing`, its lease
     # run out) and a person resumed the run from the run desk before the event was looked at again.

@@ -28,7 +28,8 @@ from runs.services import run as services
 from tests.helpers import BASE_DIR, LOOKUP, SAY_DONE, SEND_EMAIL, child_env, postgres_only, wait_until
 
 # Events are processed by runs on the agent loop, and worker processes race over them.
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
+committed = pytest.mark.django_db(transaction=True)  # executes runs: the agent loop's connections read what the test committed
 
 SECRET = "correct-horse-battery-staple-42"
 URL = "/api/webhooks/inbound-email/"
@@ -249,6 +250,7 @@ def test_a_failure_while_storing_leaves_nothing_behind(source, announced_events,
 
 
 @postgres_only
+@committed
 def test_twenty_concurrent_deliveries_store_one_event_and_start_one_run(source, announced_events, settings):
     body = json.dumps({"text": "Refund?", "attachments": [attachment()]}).encode()
     barrier = threading.Barrier(20)
@@ -291,6 +293,7 @@ def test_twenty_concurrent_deliveries_store_one_event_and_start_one_run(source, 
 # --- Processing ------------------------------------------------------------------------------------
 
 
+@committed
 def test_an_event_is_processed_by_a_webhook_run_with_its_attachment_as_input(source, announced_events, settings):
     event_id = deliver({"from": "jane@example.com", "attachments": [attachment()]}).json()["event_id"]
 
@@ -311,6 +314,7 @@ def test_an_event_is_processed_by_a_webhook_run_with_its_attachment_as_input(sou
     assert AgentRun.objects.count() == 1
 
 
+@committed
 def test_a_duplicate_delivery_after_processing_starts_no_second_run(source, announced_events):
     first = deliver({"text": "one"})
     processing.process_event(event_id=first.json()["event_id"])
@@ -326,6 +330,7 @@ def test_retry_delays_back_off_and_are_capped(settings):
     assert [processing.retry_delay(n) for n in range(1, 8)] == [5, 30, 120, 600, 600, 600, 600]
 
 
+@committed
 def test_a_failure_without_tool_calls_is_retried_with_backoff_until_dead(announced_events, settings):
     settings.WEBHOOK_MAX_ATTEMPTS = 5
     make_source(script=[FAIL])
@@ -362,6 +367,7 @@ def test_a_failure_without_tool_calls_is_retried_with_backoff_until_dead(announc
     assert processing.sweep() == []
 
 
+@committed
 def test_a_failure_after_a_tool_call_is_not_retried_but_waits_for_review(announced_events):
     make_source(script=[SEND_EMAIL, FAIL])
     event_id = deliver().json()["event_id"]
@@ -381,6 +387,7 @@ def test_a_failure_after_a_tool_call_is_not_retried_but_waits_for_review(announc
     assert OutboxEmail.objects.count() == 1
 
 
+@committed
 def test_a_failure_whose_tools_are_unknown_waits_for_review(source, announced_events):
     event_id = deliver().json()["event_id"]
     processing.process_event(event_id=event_id)
@@ -448,6 +455,7 @@ def test_the_sweeper_is_a_periodic_job():
     assert sweep_webhooks() == "0 webhook event(s) due"
 
 
+@committed
 def test_attachments_are_copied_at_receipt_and_a_replay_of_the_events_run_uses_the_copy(
     announced_events, settings, support_lead
 ):
@@ -474,6 +482,7 @@ def test_attachments_are_copied_at_receipt_and_a_replay_of_the_events_run_uses_t
     assert base64.b64decode(first.parts[1]["inline_data"]["data"]) == b"Please refund order 42."
 
 
+@committed
 def test_an_event_whose_source_cannot_start_a_run_waits_for_review(source, announced_events):
     event_id = deliver().json()["event_id"]
     WebhookSource.objects.filter(pk=source.pk).update(agent_name="retired-agent")
@@ -501,6 +510,7 @@ def _worker(**env) -> subprocess.Popen:
 @pytest.mark.slow
 @postgres_only
 @pytest.mark.parametrize("called_a_tool", [True, False], ids=["after-a-tool", "before-any-tool"])
+@committed
 def test_a_worker_killed_mid_event_loses_its_lease_and_another_worker_takes_over(
     announced_events, settings, called_a_tool
 ):
@@ -561,6 +571,7 @@ def test_a_worker_killed_mid_event_loses_its_lease_and_another_worker_takes_over
 
 @pytest.mark.slow
 @postgres_only
+@committed
 def test_four_workers_racing_over_the_same_events_start_one_run_each(announced_events, settings):
     make_source()
     ids = [deliver({"n": n}, message_id=f"m-{n}").json()["event_id"] for n in range(12)]
@@ -574,6 +585,7 @@ def test_four_workers_racing_over_the_same_events_start_one_run_each(announced_e
     assert sorted(str(e) for e in AgentRun.objects.values_list("webhook_event_id", flat=True)) == sorted(ids)
 
 
+@committed
 def test_a_failure_while_starting_an_attempt_leaves_no_run_and_no_copy(announced_events, settings, monkeypatch):
     make_source()
     event_id = deliver({"attachments": [attachment()]}).json()["event_id"]

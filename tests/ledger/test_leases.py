@@ -36,7 +36,8 @@ from tests.factories import make_run
 from tests.helpers import BASE_DIR, child_env, pid_of_worker, postgres_only, stop_cluster, wait_until
 
 # ADK's engine writes the events on a connection of its own: the run row must be committed.
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
+committed = pytest.mark.django_db(transaction=True)  # executes runs: the agent loop's connections read what the test committed
 
 
 def _claimed() -> AgentRun:
@@ -71,6 +72,7 @@ def test_each_claim_holds_the_run_under_a_fresh_lease():
     assert other.lease != run.lease
 
 
+@committed
 def test_an_event_of_a_run_no_longer_held_is_not_stored_and_its_call_never_journaled():
     run = _claimed()
     before = _refusals("a function call's event")
@@ -89,6 +91,7 @@ def test_an_event_of_a_run_no_longer_held_is_not_stored_and_its_call_never_journ
     assert _refusals("a function call's event") == before + 1
 
 
+@committed
 def test_an_event_without_a_lease_is_stored_as_before():
     """Events of sessions the ledger does not run (`adk web` on the same database) are not fenced."""
     run = _claimed()
@@ -275,6 +278,7 @@ def _worker_pid() -> int:
 
 @postgres_only
 @pytest.mark.parametrize("tool", ["notify", "notify_once"])
+@committed
 def test_a_paused_worker_woken_after_its_run_was_done_again_does_nothing_more(tool, agents_dir, tmp_path, support_agent):
     agents_dir(team=TEAM_PACKAGE)
     notifications = tmp_path / "notifications.txt"

@@ -27,7 +27,8 @@ from tests.helpers import (
 )
 
 # Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
+committed = pytest.mark.django_db(transaction=True)  # executes runs: the agent loop's connections read what the test committed
 
 
 def _read_committed_run(run_id: str) -> dict:
@@ -74,6 +75,7 @@ def probe_agent(monkeypatch):
     return seen
 
 
+@committed
 def test_run_row_and_file_are_committed_before_the_first_tool_runs(probe_agent):
     content = b"invoice 42: 19.99 EUR\n"
     run = run_now(agent_name="probe", message="check the ledger", file=io.BytesIO(content), file_name="invoice.txt")
@@ -90,6 +92,7 @@ def test_run_row_and_file_are_committed_before_the_first_tool_runs(probe_agent):
     assert row["input_file_size"] == len(content)
 
 
+@committed
 def test_successful_run_lists_its_tools_in_order():
     run = run_now(params=script_params(LOOKUP, SEND_EMAIL, UPDATE_CRM, SAY_DONE))
 
@@ -107,6 +110,7 @@ def test_successful_run_lists_its_tools_in_order():
     assert len(mail.outbox) == 1
 
 
+@committed
 def test_failure_before_any_call_records_an_empty_list():
     run = run_now(params=script_params({"fail": "error", "message": "backend down"}))
 
@@ -116,6 +120,7 @@ def test_failure_before_any_call_records_an_empty_list():
     assert "backend down" in run.error_message
 
 
+@committed
 def test_failure_after_calls_lists_them_in_order():
     run = run_now(params=script_params(LOOKUP, SEND_EMAIL, {"fail": "error", "message": "lost"}))
 
@@ -123,6 +128,7 @@ def test_failure_after_calls_lists_them_in_order():
     assert run.tools_executed == ["lookup_customer", "send_email"]
 
 
+@committed
 def test_tool_that_fails_after_its_effect_counts_as_called():
     step = dict(UPDATE_CRM, tool_fails="CRM is down")
     run = run_now(params=script_params(step))
@@ -135,6 +141,7 @@ def test_tool_that_fails_after_its_effect_counts_as_called():
     assert call.status == ToolCallStatus.FAILED
 
 
+@committed
 def test_parallel_calls_are_journaled_as_separate_rows():
     run = run_now(params=script_params([LOOKUP, SEND_EMAIL], SAY_DONE))
 
@@ -142,6 +149,7 @@ def test_parallel_calls_are_journaled_as_separate_rows():
     assert run.tool_calls.count() == 2
 
 
+@committed
 def test_empty_turn_is_an_error_a_person_understands(settings):
     settings.EMPTY_TURN_RETRIES = 0  # retried empty turns are covered in test_retries.py
     run = run_now(params=script_params({"empty": True}))
@@ -152,6 +160,7 @@ def test_empty_turn_is_an_error_a_person_understands(settings):
     assert run.tools_executed == []
 
 
+@committed
 def test_tools_executed_falls_back_to_the_session_when_the_journal_cannot_be_read(monkeypatch):
     def unreadable(run_id):
         raise DatabaseError("journal table unavailable")
@@ -162,6 +171,7 @@ def test_tools_executed_falls_back_to_the_session_when_the_journal_cannot_be_rea
     assert run.tools_executed == ["send_email"]
 
 
+@committed
 def test_tools_executed_is_null_when_neither_journal_nor_session_can_be_read(monkeypatch):
     def unreadable(*args, **kwargs):
         raise DatabaseError("unavailable")
@@ -177,6 +187,7 @@ def test_tools_executed_is_null_when_neither_journal_nor_session_can_be_read(mon
     assert run.tools_state == "unknown"
 
 
+@committed
 def test_session_fallback_only_counts_calls_after_the_runs_own_user_message():
     first = run_now(params=script_params(SEND_EMAIL, SAY_DONE))
     second = run_now(
@@ -189,6 +200,7 @@ def test_session_fallback_only_counts_calls_after_the_runs_own_user_message():
     assert second.tools_executed == []
 
 
+@committed
 def test_the_run_lives_in_its_own_adk_session_tied_to_the_run():
     run = run_now(params=script_params(SEND_EMAIL, SAY_DONE))
 
@@ -200,6 +212,7 @@ def test_the_run_lives_in_its_own_adk_session_tied_to_the_run():
     assert [c["name"] for e in events for c in e.function_calls] == ["send_email"]
 
 
+@committed
 def test_a_second_delivery_of_the_task_does_nothing():
     from runs.execution.executor import execute as execute_run
 
@@ -240,6 +253,7 @@ def test_a_started_run_is_claimable_from_the_ledger_and_nothing_lands_in_the_bro
     assert list(lifecycle.claimable_runs().values_list("run_id", flat=True)) == [run.run_id]
 
 
+@committed
 def test_heartbeat_advances_while_a_tool_hangs():
     run = services.start_run(
         agent_name="support",
@@ -353,6 +367,7 @@ def test_several_problems_are_reported_together():
     assert set(caught.value.message_dict) == {"agent", "message", "owner_id"}
 
 
+@committed
 def test_the_copied_file_survives_deletion_of_the_original(tmp_path, settings):
     original = tmp_path / "report.pdf"
     original.write_bytes(b"%PDF-1.4 original content")

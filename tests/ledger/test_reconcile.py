@@ -35,7 +35,8 @@ from tests.helpers import (
 )
 
 # Runs on the agent loop, reconcilers in threads and worker processes read what the test committed.
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
+committed = pytest.mark.django_db(transaction=True)  # executes runs: the agent loop's connections read what the test committed
 
 
 def _running(*, heartbeat_age: timedelta | None = timedelta(seconds=0), started_age: timedelta = timedelta(0),
@@ -96,6 +97,7 @@ def test_a_run_that_never_sent_a_heartbeat_is_reconciled_only_after_the_silence_
     assert quiet_for_a_while.status == RunStatus.RUNNING
 
 
+@committed
 def test_live_and_settled_runs_are_never_touched(settings):
     settings.RUN_STALE_AFTER_SECONDS = 60
     live = _running(heartbeat_age=timedelta(seconds=5))
@@ -111,6 +113,7 @@ def test_live_and_settled_runs_are_never_touched(settings):
         assert run.error_code == ""
 
 
+@committed
 def test_tools_come_from_the_session_when_the_journal_is_empty(settings):
     settings.RUN_STALE_AFTER_SECONDS = 60
     done = run_now(params=script_params(LOOKUP, SEND_EMAIL, SAY_DONE))
@@ -143,6 +146,7 @@ def test_tools_stay_unknown_when_neither_journal_nor_session_can_be_read(setting
     assert run.tools_executed is None
 
 
+@committed
 def test_a_real_database_error_while_reading_tools_still_reconciles_with_tools_unknown(settings, monkeypatch):
     """On PostgreSQL a failed query aborts the locking transaction; the chunk is redone safely."""
     from django.db import connection
@@ -225,6 +229,7 @@ def test_a_worker_that_finishes_after_reconciliation_keeps_both_facts(settings):
 # --- Reconcile on read ----------------------------------------------------------------------------
 
 
+@committed
 def test_reconcile_on_read_costs_no_query_for_a_live_run(settings, django_assert_num_queries):
     settings.RUN_STALE_AFTER_SECONDS = 60
     live = _running(heartbeat_age=timedelta(seconds=3))
@@ -388,6 +393,7 @@ def test_admin_page_shows_a_late_outcome_beside_the_reconciliation(settings, sup
 
 @pytest.mark.slow
 @postgres_only
+@committed
 def test_a_worker_killed_mid_run_is_reconciled_within_the_stale_window(settings):
     settings.RUN_STALE_AFTER_SECONDS = 3
     child = run_manage(
@@ -442,6 +448,7 @@ for run in reconcile.reconcile_stale_runs():
 
 @pytest.mark.slow
 @postgres_only
+@committed
 def test_four_reconcilers_at_once_land_each_run_exactly_once(settings):
     long_ago = timezone.now() - timedelta(minutes=10)
     stale = AgentRun.objects.bulk_create(

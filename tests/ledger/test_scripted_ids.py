@@ -17,7 +17,8 @@ from runs.services import run as services
 from tests.helpers import EMAIL_ARGS, LOOKUP, SAY_DONE, SEND_EMAIL, package_source, run_now, script_params
 
 # Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
+committed = pytest.mark.django_db(transaction=True)  # executes runs: the agent loop's connections read what the test committed
 
 
 def test_a_script_whose_explicit_ids_repeat_is_refused_naming_the_steps():
@@ -73,6 +74,7 @@ def test_ids_repeated_across_the_scripts_of_one_run_are_refused(agents_dir):
     ]
 
 
+@committed
 def test_generated_call_ids_are_full_uuid4s():
     run = run_now(params=script_params(LOOKUP, [LOOKUP, LOOKUP], LOOKUP, SAY_DONE))
 
@@ -81,6 +83,7 @@ def test_generated_call_ids_are_full_uuid4s():
     assert all(re.fullmatch(r"call-[0-9a-f]{32}", call_id) for call_id in ids), ids
 
 
+@committed
 def test_a_call_reusing_an_id_is_refused_before_its_tool_runs_never_dropped_from_the_journal():
     # A run resumed in its ADK session, or a script stored before ids were checked, can still
     # reuse an id: the journal is the last line. Before, the second call's row was dropped

@@ -32,7 +32,8 @@ from tests.inbox.test_webhooks import FAIL, deliver, make_source
 from tests.kit import api_as, login
 
 # Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
+committed = pytest.mark.django_db(transaction=True)  # executes runs: the agent loop's connections read what the test committed
 
 MEMORY = "/api/memory/"
 DOOR_CODE = "My door code is 4711 and the spare key is under the blue pot."
@@ -60,6 +61,7 @@ def assert_refused(response, status: int, code: str) -> dict:
 # --- The memory poisoning sequence, end to end ------------------------------------------------------
 
 
+@committed
 def test_bob_can_neither_read_nor_poison_alices_memory(alice, bob, model_requests, no_worker):
     first = run_now(owner_id="alice", created_by=alice, message=DOOR_CODE, params=script_params(SAY_DONE))
     assert first.status == RunStatus.SUCCESS
@@ -84,6 +86,7 @@ def test_bob_can_neither_read_nor_poison_alices_memory(alice, bob, model_request
     assert not MemoryEntry.objects.filter(owner_id="alice", text__contains="mallory").exists()
 
 
+@committed
 def test_a_grant_lets_bob_act_for_alice_until_it_is_taken_back(alice, bob, admin_user, no_worker):
     run_now(owner_id="alice", created_by=alice, message=DOOR_CODE, params=script_params(SAY_DONE))
     grant = OwnerGrant.objects.create(user=bob, owner_id="alice", granted_by=admin_user, note="covers her queue")
@@ -333,6 +336,7 @@ def failed_event(message_id: str = "m-1") -> WebhookEvent:
     return WebhookEvent.objects.get(pk=event_id)
 
 
+@committed
 def test_the_event_actions_ask_replay_and_resolve_permissions(inbox, run_viewer, support_agent, support_lead):
     event = failed_event()
     assert event.status == "needs_review", event.last_error
@@ -357,6 +361,7 @@ def test_the_event_actions_ask_replay_and_resolve_permissions(inbox, run_viewer,
     assert any(level == "success" and "marked resolved" in text for level, text in said)
 
 
+@committed
 def test_a_webhook_payload_never_chooses_the_owner(inbox):
     make_source(script=[SAY_DONE], owner_id="jane")
     payload = {"text": "Refund?", "owner_id": "mallory", "owner": "mallory", "user_id": "mallory",

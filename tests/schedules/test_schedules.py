@@ -22,7 +22,8 @@ from runs.tasks import fire_schedules
 from tests.helpers import BASE_DIR, SAY_DONE, child_env, postgres_only
 
 # Scheduled runs execute on the agent loop; two schedulers race in separate processes.
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
+committed = pytest.mark.django_db(transaction=True)  # executes runs: the agent loop's connections read what the test committed
 
 
 def make_schedule(**fields) -> RunSchedule:
@@ -46,6 +47,7 @@ def make_due(schedule: RunSchedule, *, ago: timedelta = timedelta(seconds=5)) ->
     RunSchedule.objects.filter(pk=schedule.pk).update(next_fire_at=timezone.now() - ago)
 
 
+@committed
 def test_a_due_schedule_fires_a_run_with_trigger_schedule_written_before_it_starts():
     schedule = make_schedule()
     assert timezone.now() + timedelta(minutes=59) < schedule.next_fire_at <= timezone.now() + timedelta(minutes=60)
@@ -79,6 +81,7 @@ def test_a_due_schedule_fires_a_run_with_trigger_schedule_written_before_it_star
     assert run.result == "Done."
 
 
+@committed
 def test_an_overlapping_firing_is_skipped_and_recorded_not_stacked():
     schedule = make_schedule()
     make_due(schedule)
@@ -105,6 +108,7 @@ def test_an_overlapping_firing_is_skipped_and_recorded_not_stacked():
     assert AgentRun.objects.filter(trigger=Trigger.SCHEDULE).count() == 2
 
 
+@committed
 def test_a_scheduled_workflow_runs_with_its_steps():
     save_workflow(**DEMO_WORKFLOW)
     schedule = make_schedule(agent_name="refund_review", params={})
@@ -215,6 +219,7 @@ def test_the_admin_refuses_a_bad_schedule_with_the_reason(admin_client, fields, 
 
 @pytest.mark.slow
 @postgres_only
+@committed
 def test_two_schedulers_at_once_fire_each_slot_once():
     schedules = [make_schedule(name=f"s{i}") for i in range(5)]
     for schedule in schedules:

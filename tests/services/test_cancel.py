@@ -19,9 +19,11 @@ from runs.services import run as services
 from tests.helpers import LOOKUP, SAY_DONE, UPDATE_CRM, script_params
 
 # A run cancelled from the test is running on the agent loop's threads and connections.
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
+committed = pytest.mark.django_db(transaction=True)  # executes runs: the agent loop's connections read what the test committed
 
 
+@committed
 def test_a_queued_run_that_is_cancelled_never_starts(alice):
     run = services.start_run(
         agent_name="support", message="hi", owner_id="jane", created_by=alice,
@@ -46,6 +48,7 @@ def test_a_queued_run_that_is_cancelled_never_starts(alice):
     assert rules.decide(cancelled, force=False).allowed
 
 
+@committed
 def test_a_running_run_is_cancelled_within_a_few_heartbeats_with_its_calls_recorded(settings, alice):
     run = services.start_run(
         agent_name="support", message="slow", owner_id="jane", created_by=alice,

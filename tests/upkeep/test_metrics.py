@@ -21,7 +21,8 @@ from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, run_now, script_params
 from tests.kit import login
 
 # Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
+committed = pytest.mark.django_db(transaction=True)  # executes runs: the agent loop's connections read what the test committed
 
 TOKEN = "scrape-me-7c1f"
 
@@ -68,6 +69,7 @@ def test_a_scrape_needs_the_token_or_a_staff_login(alice, support_agent, setting
     assert staff.get("/metrics").status_code == 200
 
 
+@committed
 def test_the_ledger_after_a_known_sequence_of_runs(alice):
     refusals_before = counter("agentledger_replay_refusals", code=ToolsCalled.code)
     retries_before = counter("agentledger_model_retries", reason="rate_limit")

@@ -18,7 +18,8 @@ from runs.upkeep import retention
 from tests.helpers import LOOKUP, SAY_DONE, SEND_EMAIL, read_settings, run_now, script_params
 
 # Runs execute on the agent loop: its ORM thread and ADK's engine read what the test committed.
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
+committed = pytest.mark.django_db(transaction=True)  # executes runs: the agent loop's connections read what the test committed
 
 
 @pytest.fixture(autouse=True)
@@ -52,6 +53,7 @@ def _events(run: AgentRun) -> int:
     return AdkEvent.objects.filter(session_id=run.session_id).count()
 
 
+@committed
 def test_purge_deletes_only_old_events_in_batches_and_keeps_everything_else(history):
     old, recent, in_flight = history["old"], history["recent"], history["in_flight"]
     sessions_before = AdkSession.objects.count()
@@ -82,6 +84,7 @@ def test_purge_deletes_only_old_events_in_batches_and_keeps_everything_else(hist
     assert AgentRun.objects.get(pk=old.run_id).tools_executed == ["lookup_customer", "send_email"]
 
 
+@committed
 def test_a_queued_run_protects_its_conversation_too(history):
     conversation = history["in_flight"]
     AgentRun.objects.filter(pk=conversation.run_id).update(status=RunStatus.QUEUED)
@@ -94,6 +97,7 @@ def test_a_queued_run_protects_its_conversation_too(history):
     assert _events(conversation) == 0
 
 
+@committed
 def test_dry_run_deletes_nothing_and_reports_the_count(history):
     total = AdkEvent.objects.count()
     out = io.StringIO()
@@ -103,6 +107,7 @@ def test_dry_run_deletes_nothing_and_reports_the_count(history):
     assert AdkEvent.objects.count() == total
 
 
+@committed
 def test_the_command_prints_progress_and_a_summary(history):
     out = io.StringIO()
     call_command("purge_events", "--days", "90", "--batch-size", "5", stdout=out)
@@ -114,12 +119,14 @@ def test_the_command_prints_progress_and_a_summary(history):
     assert _events(history["old"]) == 0
 
 
+@committed
 def test_the_retention_period_decides_what_is_old(history):
     # 150 days: the 120-day-old events are within the period and stay.
     assert retention.purge_events(days=150).deleted == 0
     assert _events(history["old"]) == history["old_events"]
 
 
+@committed
 def test_the_daily_job_uses_the_settings(history, settings):
     settings.EVENTS_RETENTION_DAYS = 100
     settings.PURGE_BATCH_SIZE = 2
@@ -144,6 +151,7 @@ def test_the_daily_job_uses_the_settings(history, settings):
         (["--batch-size", "lots"], "--batch-size must be a whole number, got 'lots'"),
     ],
 )
+@committed
 def test_bad_arguments_are_refused_and_nothing_is_deleted(history, args, words):
     total = AdkEvent.objects.count()
     with pytest.raises(CommandError) as caught:
@@ -156,6 +164,7 @@ def test_bad_arguments_are_refused_and_nothing_is_deleted(history, args, words):
     "name, value",
     [("EVENTS_RETENTION_DAYS", 0), ("EVENTS_RETENTION_DAYS", -1), ("PURGE_BATCH_SIZE", 0)],
 )
+@committed
 def test_bad_settings_changed_at_run_time_are_refused_naming_them(history, settings, name, value):
     setattr(settings, name, value)
     total = AdkEvent.objects.count()
@@ -237,6 +246,7 @@ def test_setup_schedules_restores_a_job_edited_by_hand():
     assert Schedule.objects.filter(name="runs.reconcile").count() == 1
 
 
+@committed
 def test_the_scheduler_enqueues_the_reconcile_job_and_it_runs():
     from django_q.models import OrmQ
     from django_q.scheduler import scheduler
