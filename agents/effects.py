@@ -159,15 +159,31 @@ def mcp_server_names(tool: Any) -> set[str]:
     return names
 
 
-def _annotation(annotations: Any, snake: str, camel: str) -> bool:
+def _hint(annotations: Any, snake: str, camel: str) -> bool | None:
+    """A hint as the server sent it: true, false, or None when it sent none."""
     if annotations is None:
-        return False
+        return None
     if isinstance(annotations, Mapping):
-        return annotations.get(camel, annotations.get(snake)) is True
-    return getattr(annotations, snake, getattr(annotations, camel, None)) is True
+        value = annotations.get(camel, annotations.get(snake))
+    else:
+        value = getattr(annotations, snake, getattr(annotations, camel, None))
+    return value if isinstance(value, bool) else None
+
+
+def _annotation(annotations: Any, snake: str, camel: str) -> bool:
+    return _hint(annotations, snake, camel) is True
 
 
 MCP_HINTS = (("read_only_hint", "readOnlyHint"), ("idempotent_hint", "idempotentHint"))
+
+
+def _hints_sent(annotations: Any) -> str:
+    """What the server said of both hints, in its own terms: `readOnlyHint=false, no idempotentHint`."""
+    said = []
+    for snake, camel in MCP_HINTS:
+        value = _hint(annotations, snake, camel)
+        said.append(f"no {camel}" if value is None else f"{camel}={str(value).lower()}")
+    return ", ".join(said)
 
 
 def effect_of_mcp_tool(tool: Any, *, trusted_servers: Collection[str]) -> Effect:
@@ -180,12 +196,12 @@ def effect_of_mcp_tool(tool: Any, *, trusted_servers: Collection[str]) -> Effect
     if not trusted:
         if hints:
             return Effect(source=f"the server's {' and '.join(hints)} ignored: the server is not in MCP_TRUSTED_SERVERS")
-        return Effect(source="an MCP server's tool with no readOnlyHint or idempotentHint: effectful, the default")
+        return Effect(source=f"an MCP server's tool ({_hints_sent(annotations)}): effectful, the default")
     if _annotation(annotations, "read_only_hint", "readOnlyHint"):
         return Effect(READ_ONLY, source="readOnlyHint of a server in MCP_TRUSTED_SERVERS")
     if _annotation(annotations, "idempotent_hint", "idempotentHint"):
         return Effect(IDEMPOTENT, source="idempotentHint of a server in MCP_TRUSTED_SERVERS")
-    return Effect(source="a server in MCP_TRUSTED_SERVERS that gives no readOnlyHint or idempotentHint")
+    return Effect(source=f"a server in MCP_TRUSTED_SERVERS that sent {_hints_sent(annotations)}: effectful, the default")
 
 
 # ADK's own tools that only read the agent's long-term memory (by class name: no ADK import here).

@@ -7,6 +7,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from agents.effects import READ_ONLY
 from runs.models.effects import EffectStatus, ToolEffect
 
 
@@ -329,8 +330,8 @@ class ToolCall(models.Model):
     def in_doubt(self) -> bool:
         """What the replay and resume rules call in doubt (runs.rules.replay.CallFact.in_doubt): the run is over,
         no person has settled the call, and it never answered or the effect it started never finished
-        (a tool that raised may have acted first)."""
-        if self.settled_outcome or self.run.is_in_flight:
+        (a tool that raised may have acted first). A tool that only reads leaves nothing in doubt."""
+        if self.settled_outcome or self.effect == READ_ONLY or self.run.is_in_flight:
             return False
         if self.status == ToolCallStatus.CALLED:
             return True

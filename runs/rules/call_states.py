@@ -4,14 +4,16 @@ the metrics all say what this module says.
 A call is one of: waiting (for a person's approval, or for its long-running result), rejected
 (never ran), timed out (never ran), closed (its run was cancelled while it waited; never ran),
 answered (a long-running call given its result), ran (the tool answered), failed (the tool
-raised), served from a record or refused by its key (the tool did not run again), running, or in
-doubt (started, never finished, nobody has said whether it acted).
+raised), served from a record or refused by its key (the tool did not run again), running, in
+doubt (started, never finished, nobody has said whether it acted), or, for a tool that only reads,
+unanswered (it never answered, and calling it again changes nothing: nothing is in doubt).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agents.effects import READ_ONLY
 from runs.models.approvals import Decision, PendingCall, WaitKind
 from runs.models.ledger import UNSETTLED, ToolCallStatus
 
@@ -29,6 +31,7 @@ RUNNING = "running"
 IN_DOUBT = "in_doubt"
 SETTLED_DONE = "settled_done"
 SETTLED_NOT_DONE = "settled_not_done"
+UNANSWERED_READ = "unanswered_read"
 
 LABELS = {
     WAITING: "waiting for approval",
@@ -45,12 +48,14 @@ LABELS = {
     IN_DOUBT: "in doubt",
     SETTLED_DONE: "in doubt, settled: it acted",
     SETTLED_NOT_DONE: "in doubt, settled: it did not act",
+    UNANSWERED_READ: "never answered; it only reads, so nothing is in doubt",
 }
 # The badge colour of each state: what needs a person, what went wrong, what is fine.
 TONES = {
     WAITING: "attention", WAITING_RESULT: "attention", IN_DOUBT: "attention",
     REJECTED: "quiet", TIMED_OUT: "quiet", CLOSED: "quiet", DEDUPLICATED: "quiet", REFUSED: "bad",
     FAILED: "bad", RUNNING: "busy", ANSWERED: "good", RAN: "good", SETTLED_DONE: "good", SETTLED_NOT_DONE: "quiet",
+    UNANSWERED_READ: "quiet",
 }
 # States in which the tool did not run (the call is never in `tools_executed`).
 NOT_RUN = frozenset({WAITING, REJECTED, TIMED_OUT, CLOSED})
@@ -82,6 +87,7 @@ def call_state(
     wait_kind: str = "",
     decision: str = "",
     by_system: bool = False,
+    read_only: bool = False,
 ) -> CallState:
     """The state of one journal row, given its wait (a PendingCall's kind and decision), if any."""
     if wait_kind == WaitKind.CONFIRMATION and decision != Decision.APPROVE:
@@ -103,7 +109,9 @@ def call_state(
     if in_doubt:
         return CallState(IN_DOUBT)
     if status == ToolCallStatus.CALLED:
-        return CallState(RUNNING if run_in_flight else IN_DOUBT)
+        if run_in_flight:
+            return CallState(RUNNING)
+        return CallState(UNANSWERED_READ if read_only else IN_DOUBT)
     return CallState({
         ToolCallStatus.FAILED: FAILED,
         ToolCallStatus.DEDUPLICATED: DEDUPLICATED,
@@ -125,5 +133,6 @@ def states_of(run, calls) -> dict[str, CallState]:
         states[call.call_id] = call_state(
             status=call.status, in_doubt=call.in_doubt, run_in_flight=run.status in UNSETTLED,
             settled_outcome=call.settled_outcome, wait_kind=kind, decision=decision, by_system=by_system,
+            read_only=call.effect == READ_ONLY,
         )
     return states

@@ -12,6 +12,11 @@ nobody knows (`tools_unknown`). A run whose calls were all read-only is not here
 without asking. The other refusals cannot
 apply to such a run, except `input_gone`, which needs a look at the disk per run and is left to
 the run page.
+
+A crash counts once among what needs a person: a run that died and that recovery left for a
+person is counted under "died and waiting for a person", and not again under "awaiting a
+decision" (its refusal is on its page). The calls in doubt and the runs reconciled in the last
+24 h are the work and the history behind those tiles, not more runs to act on.
 """
 
 from __future__ import annotations
@@ -110,6 +115,15 @@ def awaiting_decision(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
     return _undecided(queryset.filter(status__in=FAILED))
 
 
+# Recovery's verdicts on a run that died which leave it to a person.
+LEFT_FOR_A_PERSON = (Recovery.NEEDS_PERSON, Recovery.EXHAUSTED)
+
+
+def _not_died_for_a_person(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
+    """Without the runs `died_waiting_for_a_person` counts: a crash counts once on the desk."""
+    return queryset.exclude(recovery__in=LEFT_FOR_A_PERSON)
+
+
 def _undecided(failed: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
     """`awaiting_decision` for runs already filtered to FAILED: none of the runs that continue it,
     however far down its chain (`runs.ledger.chain.descendants`, as the replay rules read it), is in
@@ -179,7 +193,9 @@ def _calls_that_may_act_again() -> QuerySet[ToolCall]:
 
 # The base condition is the one of the partial index run_failed_tools_called.
 def _called_tools(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
-    return _undecided(queryset.filter(status__in=FAILED, tools_executed__isnull=False).exclude(tools_executed=[]))
+    return _not_died_for_a_person(
+        _undecided(queryset.filter(status__in=FAILED, tools_executed__isnull=False).exclude(tools_executed=[]))
+    )
 
 
 def awaiting_calls_in_doubt(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
@@ -199,7 +215,7 @@ def awaiting_tools_called(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
 
 # The condition of the partial index run_failed_tools_unknown.
 def awaiting_tools_unknown(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
-    return _undecided(queryset.filter(status__in=FAILED, tools_executed__isnull=True))
+    return _not_died_for_a_person(_undecided(queryset.filter(status__in=FAILED, tools_executed__isnull=True)))
 
 
 def in_doubt_calls() -> QuerySet[ToolCall]:
@@ -224,7 +240,7 @@ def recently_recovered(queryset: QuerySet[AgentRun], *, now: datetime | None = N
 
 def died_waiting_for_a_person(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:
     """Runs that died and that the system left for a person (`recovery_detail` says why), not yet continued."""
-    return awaiting_decision(queryset.filter(recovery__in=(Recovery.NEEDS_PERSON, Recovery.EXHAUSTED)))
+    return awaiting_decision(queryset.filter(recovery__in=LEFT_FOR_A_PERSON))
 
 
 def in_flight(queryset: QuerySet[AgentRun]) -> QuerySet[AgentRun]:

@@ -65,8 +65,9 @@ class CallFact:
 
     @property
     def in_doubt(self) -> bool:
-        """Started and never finished, and no person has said what happened (the run is over)."""
-        if self.settled_outcome:
+        """Started and never finished, and no person has said what happened (the run is over). A
+        tool that only reads leaves nothing in doubt: calling it again changes nothing."""
+        if self.settled_outcome or self.effect == READ_ONLY:
             return False
         return self.status == ToolCallStatus.CALLED or (self.owns_record and self.effect_status == EffectStatus.STARTED)
 

@@ -299,8 +299,10 @@ def test_a_chain_that_ended_well_leaves_the_tiles_that_need_a_person(admin_user)
                             status=ToolCallStatus.ANSWERED)
     client = login(admin_user)
     html = client.get(DESK).content.decode()
-    # While the chain ends in a failure, a person decides (both may still be replayed by force).
-    assert listed_ids(client, tile_link(html, "awaiting-tools-called")) == ids([root, middle])
+    # While the chain ends in a failure, a person decides (both may still be replayed by force):
+    # each died, so each is counted once, under "died and waiting for a person".
+    assert listed_ids(client, tile_link(html, "died-waiting")) == ids([root, middle])
+    assert tile_count(html, "awaiting-tools-called") == "0"
 
     last = make_run(status=RunStatus.SUCCESS, tools=["send_email"])
     AgentRun.objects.filter(pk=last.pk).update(resume_of=middle)
@@ -311,3 +313,23 @@ def test_a_chain_that_ended_well_leaves_the_tiles_that_need_a_person(admin_user)
     assert replay.decide(AgentRun.objects.get(pk=root.pk), force=False).code == "already_resumed"
     page = client.get(f"/admin/runs/agentrun/{root.run_id}/change/").content.decode()
     assert "Resumed by" in page and str(last.run_id)[:8] in page.split('id="chain-end"')[1].split("</p>")[0]
+
+
+def test_a_crash_counts_once_among_what_needs_a_person(admin_user):
+    """A worker died in send_email: reconciled, its call in doubt, recovery left it to a person. It is
+    one run to act on, so one tile that needs a person counts it; the others say what is behind it."""
+    crash = make_run(status=RunStatus.ERROR, tools=["send_email"], error_code=RECONCILED, finished_at=timezone.now())
+    AgentRun.objects.filter(pk=crash.pk).update(recovery=Recovery.NEEDS_PERSON)
+    ToolCall.objects.create(run=crash, seq=1, call_id="c-1", tool_name="send_email", effect="idempotent",
+                            status=ToolCallStatus.CALLED)
+    html = login(admin_user).get(DESK).content.decode()
+    needs_a_person = ("awaiting-calls-in-doubt", "awaiting-tools-called", "awaiting-tools-unknown", "died-waiting",
+                      "approvals-waiting")
+    assert {tile: tile_count(html, tile) for tile in needs_a_person} == {
+        "awaiting-calls-in-doubt": "0", "awaiting-tools-called": "0", "awaiting-tools-unknown": "0",
+        "died-waiting": "1", "approvals-waiting": "0",
+    }
+    # What is behind it, without an alert of their own: its call in doubt, its reconciliation.
+    assert tile_count(html, "calls-in-doubt") == "1" and tile_count(html, "reconciled-24h") == "1"
+    alerted = set(re.findall(r'class="desk-tile alert" id="([a-z0-9-]+)"', html))
+    assert alerted == {"died-waiting"}

@@ -62,6 +62,8 @@ def test_mcp_tools_are_listed_with_their_server_and_hints(mcp_desk, alice):
     }
     reasons = {t["name"]: t["effect_reason"] for t in body["tools"]}
     assert reasons["read_ticket"] == "the server's readOnlyHint ignored: the server is not in MCP_TRUSTED_SERVERS"
+    # What the server sent is said as sent: a false hint is not "no hint".
+    assert reasons["close_ticket"] == "an MCP server's tool (readOnlyHint=false, idempotentHint=false): effectful, the default"
 
 
 def test_an_mcp_agent_runs_under_the_ledger_with_its_calls_journaled(mcp_desk, mcp_env):

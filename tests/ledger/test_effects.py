@@ -125,6 +125,11 @@ def test_mcp_hints_count_only_for_a_trusted_server():
     trusted_upsert = effect_of_tool(upsert, trusted_servers=["crm_server.py"])
     # The server promises the same arguments have no new effect; the ledger has no key to dedupe by.
     assert (trusted_upsert.kind, trusted_upsert.keyed) == (IDEMPOTENT, False)
+    # A hint sent false is said as sent, never as a hint not sent.
+    close = effect_of_tool(mcp_tool("close", readOnlyHint=False), trusted_servers=["crm_server.py"])
+    assert (close.kind, close.source) == (
+        EFFECTFUL, "a server in MCP_TRUSTED_SERVERS that sent readOnlyHint=false, no idempotentHint: effectful, the default"
+    )
 
 
 @pytest.mark.slow

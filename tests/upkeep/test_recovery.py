@@ -20,10 +20,10 @@ from django.utils import timezone
 from agents.models import CrmNote, OutboxEmail
 from runs.execution import executor
 from runs.ledger import lifecycle, outcomes, reconcile
-from runs.models.ledger import AgentRun, Recovery, RunStatus
+from runs.models.ledger import AgentRun, Recovery, RunStatus, ToolCallStatus
 from runs.services import run as services
 from runs.upkeep import recovery
-from tests.factories import make_run
+from tests.factories import make_run, with_journal
 from tests.helpers import (
     SEND_EMAIL,
     UPDATE_CRM,
@@ -39,7 +39,7 @@ from tests.helpers import (
     wait_for_workers,
     worker_pids,
 )
-from tests.kit import api
+from tests.kit import api, login
 
 # The continuation runs through ADK's engine, another connection: its commits must be seen.
 db = pytest.mark.django_db(transaction=True)
@@ -205,6 +205,23 @@ def test_the_api_tells_a_recovered_run_from_one_that_needs_a_person(admin_user, 
     assert body["recovery"] == "recovered" and str(resumed.run_id) in body["recovery_detail"]
     assert client.get(f"/api/runs/{resumed.run_id}/").json()["resume_reason"] == "recovered"
     assert client.get(f"/api/runs/{waiting.run_id}/").json()["recovery"] == "needs_person"
+
+
+@pytest.mark.django_db
+def test_a_read_only_call_that_never_answered_is_not_in_doubt_on_any_door(admin_user):
+    """Recovery continues a run that died inside a tool that only reads ("nothing it did was in
+    doubt"); the API and the page must not then call that call in doubt."""
+    run = with_journal(
+        make_run(status=RunStatus.ERROR, error_code=reconcile.RECONCILED, finished_at=timezone.now()),
+        [("send_email", "idempotent", ToolCallStatus.ANSWERED), ("lookup_customer", "read_only", ToolCallStatus.CALLED)],
+    )
+    client = api(admin_user)
+    calls = {call["tool_name"]: call for call in client.get(f"/api/runs/{run.run_id}/").json()["tool_calls"]}
+    assert (calls["lookup_customer"]["in_doubt"], calls["lookup_customer"]["state"]) == (False, "unanswered_read")
+    assert "never answered; it only reads, so nothing is in doubt" in login(admin_user).get(
+        f"/admin/runs/agentrun/{run.run_id}/change/").content.decode()
+    # The rules read it the same way: a replay needs no force for it.
+    assert client.get(f"/api/runs/{run.run_id}/").json()["replay_decision"]["code"] != "calls_in_doubt"
 
 
 # --- Real deaths (PostgreSQL) -----------------------------------------------------------------------
