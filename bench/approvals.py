@@ -36,12 +36,13 @@ INSERT INTO agent_runs (
     run_id, trigger, agent_name, owner_id, config, input_file, input_file_name, input_file_sha256,
     status, attempts, error_code, error_message, tools_executed, result, forced, force_reason,
     session_id, conversation_id, created_at, started_at, heartbeat_at, finished_at, worker,
-    model_retries, trace_id, effects, agent_fingerprint, resume_reason, recovery, recovery_detail
+    model_retries, trace_id, effects, agent_fingerprint, resume_reason, recovery, recovery_detail,
+    continued_by_system
 )
 SELECT md5('w' || i::text)::uuid, 'api', 'support', 'customer-' || (i %% 5000),
        '{"message": "refund", "params": {}}'::jsonb, '', '', '', 'waiting', 1, '', '', '["issue_refund"]'::jsonb,
        '', false, '', md5('ws' || i::text), '', now() - (i * interval '1 minute'), now() - (i * interval '1 minute'),
-       NULL, NULL, '', '[]'::jsonb, '', 'reuse', '', '', '', ''
+       NULL, NULL, '', '[]'::jsonb, '', 'reuse', '', '', '', '', false
 FROM generate_series(1, %(w)s) AS i
 ON CONFLICT DO NOTHING
 """

@@ -34,7 +34,8 @@ INSERT INTO agent_runs (
     run_id, trigger, agent_name, owner_id, config, input_file, input_file_name, input_file_sha256,
     status, attempts, error_code, error_message, tools_executed, result, forced, force_reason,
     session_id, conversation_id, created_at, started_at, heartbeat_at, finished_at, worker,
-    model_retries, trace_id, effects, agent_fingerprint, resume_reason, recovery, recovery_detail
+    model_retries, trace_id, effects, agent_fingerprint, resume_reason, recovery, recovery_detail,
+    continued_by_system
 )
 SELECT
     md5(i::text)::uuid,
@@ -55,7 +56,7 @@ SELECT
     CASE WHEN i > %(n)s - %(in_flight)s THEN NULL
          ELSE now() - ((%(n)s - i) * interval '30 days' / %(n)s) + interval '5 seconds' END,
     CASE WHEN i > %(n)s - %(in_flight)s AND i %% 3 <> 0 THEN 'worker-' || (i %% 4) ELSE '' END,
-    '[]'::jsonb, '', 'reuse', '', '', '', ''
+    '[]'::jsonb, '', 'reuse', '', '', '', '', false
 FROM generate_series(%(start)s, %(n)s) AS i
 """
 
