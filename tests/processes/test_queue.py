@@ -111,6 +111,18 @@ def test_runworker_processes_a_webhook_event_from_the_inbox_table(tmp_path, sett
         stop_group(workers)
 
 
+def _kill_serve(serve: subprocess.Popen) -> None:
+    """What is left of a `serve` a test gave up on. serve starts each of its processes in a session of
+    its own: SIGKILL to its group reaches none of them, so each child's group is killed first."""
+    if serve.poll() is not None:
+        return
+    for child in subprocess.run(["ps", "-o", "pid=", "--ppid", str(serve.pid)], capture_output=True,
+                                text=True).stdout.split():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(int(child), signal.SIGKILL)
+    stop_group(serve)
+
+
 @pytest.mark.slow
 @db
 def test_serve_runs_the_web_the_workers_and_the_periodic_jobs_in_one_command(tmp_path, alice):
@@ -137,13 +149,7 @@ def test_serve_runs_the_web_the_workers_and_the_periodic_jobs_in_one_command(tmp
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(timeout=90) == 0, log.read_text()[-3000:]
     finally:
-        if serve.poll() is None:
-            # serve starts each of its processes in a session of its own: SIGKILL reaches none of them.
-            for child in subprocess.run(["ps", "-o", "pid=", "--ppid", str(serve.pid)], capture_output=True,
-                                        text=True).stdout.split():
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(int(child), signal.SIGKILL)
-            stop_group(serve)
+        _kill_serve(serve)
         connection.close()
 
 
@@ -171,10 +177,5 @@ def test_serve_prints_the_address_and_a_new_password_once_the_server_listens(tmp
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(timeout=90) == 0, log.read_text()[-3000:]
     finally:
-        if serve.poll() is None:
-            for child in subprocess.run(["ps", "-o", "pid=", "--ppid", str(serve.pid)], capture_output=True,
-                                        text=True).stdout.split():
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(int(child), signal.SIGKILL)
-            stop_group(serve)
+        _kill_serve(serve)
         connection.close()
